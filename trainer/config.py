@@ -1,0 +1,343 @@
+"""Typed configuration of one training job: model, data, optimizer and schedule, and the loop.
+
+These pydantic models are the contract between the orchestrator (``ladder``) and the trainer:
+``ladder`` composes them into an experiment spec, fingerprints them, and hands a ``TrainJob`` to
+``trainer.train``. They are frozen and forbid unknown fields so that a typo fails loudly instead of
+silently training something else. Fields that change results live in ``ModelConfig``,
+``DataConfig``, ``OptimizerConfig`` and the numeric part of ``TrainConfig``; fields that only say
+*how* or *where* a run executes (logging, mesh, checkpoint cadence) are listed in
+``TrainConfig.EXECUTION_FIELDS`` so identity hashing can leave them out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Frozen(BaseModel):
+    """Base for every config: immutable, unknown fields rejected, validated on assignment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+
+
+class MoEConfig(Frozen):
+    """Routed mixture-of-experts FFN (per MoE layer)."""
+
+    num_experts: int = Field(8, ge=1, description="Routed experts E per MoE layer.")
+    top_k: int = Field(2, ge=1, description="Experts each token is routed to.")
+    expert_dim: int = Field(256, ge=1, description="Intermediate width of one routed SwiGLU expert.")
+    num_shared_experts: int = Field(0, ge=0, description="Always-on shared SwiGLU experts.")
+    shared_expert_dim: int | None = Field(
+        None, ge=1, description="Intermediate width of one shared expert (default: expert_dim)."
+    )
+    latent_dim: int | None = Field(
+        None,
+        ge=1,
+        description="LatentMoE: project d -> latent_dim before the routed experts and back after "
+        "(Marin's hero); None runs experts at the hidden width.",
+    )
+    num_dense_layers: int = Field(0, ge=0, description="Leading layers that use a dense SwiGLU FFN instead.")
+    router_score: Literal["sigmoid", "softmax"] = Field(
+        "sigmoid", description="Router score function, computed in fp32."
+    )
+    balancing: Literal["bias", "quantile", "none"] = Field(
+        "bias",
+        description="Router-bias balancing: 'bias' = DeepSeek-V3 aux-loss-free sign rule, 'quantile' = "
+        "Marin's quantile balancing, 'none' = no bias.",
+    )
+    bias_update_rate: float = Field(1e-3, ge=0, description="Gamma of the sign-rule bias update per step.")
+    aux_loss: Literal["none", "switch", "sequence"] = Field(
+        "none", description="Optional auxiliary load-balancing loss."
+    )
+    aux_loss_weight: float = Field(0.0, ge=0, description="Weight of the auxiliary balancing loss.")
+    router_z_loss_weight: float = Field(0.0, ge=0, description="Weight of the router logit z-loss.")
+    capacity_factor: float = Field(
+        1.25, gt=0, description="Per-expert buffer = capacity_factor * tokens * top_k / E (capacity dispatch)."
+    )
+    dispatch: Literal["capacity", "ragged", "dense"] = Field(
+        "capacity",
+        description="Expert dispatch backend: 'capacity' (sort + fixed buffers, default on CPU), "
+        "'ragged' (dropless jax.lax.ragged_dot, for accelerators), 'dense' (every expert on every token; test oracle).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoEConfig":
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"moe.top_k={self.top_k} exceeds moe.num_experts={self.num_experts}; "
+                "lower top_k or add experts."
+            )
+        if self.aux_loss != "none" and self.aux_loss_weight == 0:
+            raise ValueError("moe.aux_loss is set but moe.aux_loss_weight is 0; give a positive weight or aux_loss='none'.")
+        return self
+
+
+class ModelConfig(Frozen):
+    """Decoder-only transformer with optional MoE FFNs."""
+
+    vocab_size: int = Field(256, ge=2, description="Vocabulary size (256 for the byte tokenizer).")
+    hidden_dim: int = Field(128, ge=1, description="Residual stream width d.")
+    num_layers: int = Field(4, ge=1, description="Transformer blocks L.")
+    num_heads: int = Field(4, ge=1, description="Query heads H.")
+    num_kv_heads: int | None = Field(
+        None, ge=1, description="Key/value heads on sliding-window (or all) layers; default num_heads (no GQA)."
+    )
+    global_kv_heads: int | None = Field(
+        None, ge=1, description="Key/value heads on global layers when they differ (Marin); default num_kv_heads."
+    )
+    head_dim: int | None = Field(None, ge=1, description="Per-head width; default hidden_dim // num_heads.")
+    seq_len: int = Field(256, ge=2, description="Training context length in tokens.")
+    sliding_window: int | None = Field(
+        None, ge=1, description="Window of local attention layers; None = every layer is global."
+    )
+    global_every: int = Field(
+        4, ge=1, description="With sliding_window: every n-th layer (and the last) attends globally."
+    )
+    rope_theta: float = Field(10_000.0, gt=0, description="RoPE base frequency.")
+    tie_embeddings: bool = Field(False, description="Share the token embedding with the output head.")
+    dense_ffn_dim: int | None = Field(
+        None, ge=1, description="SwiGLU width of dense FFN layers; default 4 * hidden_dim * 2/3 rounded."
+    )
+    moe: MoEConfig | None = Field(None, description="MoE settings; None = a dense model.")
+    logit_z_loss_weight: float = Field(0.0, ge=0, description="Weight of the output-logit z-loss.")
+    init_std: float | None = Field(None, gt=0, description="Init std of weights; default 0.5 / sqrt(hidden_dim).")
+    norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.head_dim is None and self.hidden_dim % self.num_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} does not divide hidden_dim={self.hidden_dim}; "
+                "pick heads that divide it or set head_dim explicitly."
+            )
+        for name in ("num_kv_heads", "global_kv_heads"):
+            kv = getattr(self, name)
+            if kv is not None and self.num_heads % kv:
+                raise ValueError(
+                    f"{name}={kv} does not divide num_heads={self.num_heads}; grouped-query attention needs "
+                    "query heads to be a multiple of key/value heads."
+                )
+        if self.moe is not None and self.moe.num_dense_layers > self.num_layers:
+            raise ValueError(
+                f"moe.num_dense_layers={self.moe.num_dense_layers} exceeds num_layers={self.num_layers}."
+            )
+        return self
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.hidden_dim // self.num_heads
+
+    @property
+    def resolved_kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def resolved_global_kv_heads(self) -> int:
+        return self.global_kv_heads or self.resolved_kv_heads
+
+    @property
+    def resolved_dense_ffn_dim(self) -> int:
+        return self.dense_ffn_dim or int(math.ceil(8 * self.hidden_dim / 3 / 64) * 64)
+
+    @property
+    def resolved_init_std(self) -> float:
+        return self.init_std or 0.5 / math.sqrt(self.hidden_dim)
+
+    def is_global_layer(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) attends over the whole context."""
+        if self.sliding_window is None:
+            return True
+        return (layer + 1) % self.global_every == 0 or layer == self.num_layers - 1
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer >= self.moe.num_dense_layers
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+
+
+class SourceConfig(Frozen):
+    """One text source read through fsspec."""
+
+    name: str = Field(..., min_length=1, description="Short unique name used in mixture weights and metrics.")
+    paths: list[str] = Field(
+        default_factory=list,
+        description="fsspec URLs or globs of files; empty with kind='stdlib' means the default offline corpus.",
+    )
+    kind: Literal["text", "jsonl", "parquet", "stdlib_code", "stdlib_docs"] = Field(
+        "text",
+        description="File format, or one of the built-in offline corpora taken from this Python's standard "
+        "library (source code, or docstrings and documentation text).",
+    )
+    text_field: str = Field("text", description="Column/key holding the text (jsonl, parquet).")
+    validation_fraction: float = Field(
+        0.02, gt=0, lt=0.5, description="Held-out fraction of this source's tokens for evaluation."
+    )
+
+
+class MixturePhase(Frozen):
+    """Mixture weights in force from `start_fraction` of training until the next phase."""
+
+    start_fraction: float = Field(0.0, ge=0, lt=1, description="Fraction of training where this phase starts.")
+    weights: dict[str, float] = Field(..., description="Source name -> sampling weight; must sum to 1.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MixturePhase":
+        if any(w < 0 for w in self.weights.values()):
+            raise ValueError("mixture weights must be non-negative; remove or zero the negative entries.")
+        total = sum(self.weights.values())
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(
+                f"mixture weights sum to {total:.6g}, not 1; normalise them (phase starting at {self.start_fraction})."
+            )
+        return self
+
+
+class DataConfig(Frozen):
+    """Where tokens come from: sources, a phased mixture, a tokenizer."""
+
+    sources: list[SourceConfig] = Field(..., min_length=1, description="Text sources.")
+    phases: list[MixturePhase] = Field(
+        ..., min_length=1, description="Mixture phases; the first starts at 0, later ones at increasing fractions."
+    )
+    tokenizer: str | None = Field(
+        None, description="Path/URL of a Hugging Face tokenizer.json; None = byte-level (vocab 256)."
+    )
+    max_tokens_per_source: int | None = Field(
+        None, ge=1, description="Cap on tokens read from each source (keeps caches small)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.sources has duplicate names {names}; give each source a unique name.")
+        if self.phases[0].start_fraction != 0:
+            raise ValueError("data.phases[0].start_fraction must be 0; the first phase starts training.")
+        starts = [p.start_fraction for p in self.phases]
+        if starts != sorted(starts) or len(set(starts)) != len(starts):
+            raise ValueError(f"data.phases start fractions {starts} must be strictly increasing.")
+        for i, phase in enumerate(self.phases):
+            unknown = set(phase.weights) - set(names)
+            if unknown:
+                raise ValueError(
+                    f"data.phases[{i}].weights names unknown sources {sorted(unknown)}; known sources: {names}."
+                )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer and schedule
+
+
+class ScheduleConfig(Frozen):
+    """Learning-rate schedule: linear warmup, then a decay shape. LR(step) is a pure function of this."""
+
+    kind: Literal["constant", "cosine", "linear", "wsd"] = Field("cosine", description="Decay shape after warmup.")
+    warmup: float = Field(
+        0.01, ge=0, description="Warmup length: a fraction of total steps if < 1, else a number of steps."
+    )
+    min_lr_fraction: float = Field(
+        0.1, ge=0, le=1, description="Final LR as a fraction of peak (cosine, linear, wsd)."
+    )
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, description="WSD: fraction of total steps spent in the cooldown."
+    )
+    cooldown: Literal["linear", "sqrt"] = Field(
+        "sqrt", description="WSD cooldown shape: linear, or (1 - sqrt) as in Hägele et al."
+    )
+
+
+class OptimizerConfig(Frozen):
+    """AdamW with parameter groups (no weight decay on norms, biases, embeddings) and clipping."""
+
+    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
+    beta2: float = Field(0.95, ge=0, lt=1, description="Adam beta2.")
+    epsilon: float = Field(1e-8, gt=0, description="Adam epsilon.")
+    weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay on matrices.")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Global-norm clipping; None disables it.")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="LR schedule.")
+
+
+# --------------------------------------------------------------------------------------------
+# Training loop
+
+
+class TrainConfig(Frozen):
+    """Budget, batch, seed and the cadences of the loop."""
+
+    EXECUTION_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "log_every",
+            "eval_every",
+            "checkpoint_every",
+            "checkpoint_every_seconds",
+            "keep_checkpoints",
+            "wandb",
+            "wandb_project",
+            "mesh",
+            "progress",
+            "max_bad_steps",
+            "max_rollbacks",
+        }
+    )
+
+    tokens: int = Field(..., gt=0, description="Training token budget; steps = round(tokens / (batch_size * seq_len)).")
+    batch_size: int = Field(16, ge=1, description="Global batch size in sequences.")
+    seed: int = Field(0, description="Seed of the initialisation and of the data order.")
+    eval_every: int = Field(100, ge=1, description="Evaluate every n steps (and at the end).")
+    eval_batches: int = Field(4, ge=1, description="Validation batches per source per evaluation.")
+    log_every: int = Field(10, ge=1, description="Write train metrics every n steps.")
+    checkpoint_every: int | None = Field(200, ge=1, description="Checkpoint every n steps (and at the end).")
+    checkpoint_every_seconds: float | None = Field(None, gt=0, description="Also checkpoint after this many seconds.")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (newest).")
+    max_bad_steps: int = Field(3, ge=1, description="Consecutive non-finite steps before rolling back.")
+    max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed before failing the run.")
+    wandb: Literal["offline", "online", "disabled", "auto"] = Field(
+        "auto", description="W&B mode; 'auto' = online if WANDB_API_KEY is set, else offline."
+    )
+    wandb_project: str = Field("ladder", description="W&B project name.")
+    mesh: dict[str, int] | None = Field(
+        None, description="Device mesh axis sizes, e.g. {'data': 4, 'expert': 2}; None = all devices on 'data'."
+    )
+    progress: bool = Field(True, description="Show a rich progress bar.")
+
+
+class TrainJob(Frozen):
+    """Everything the trainer needs to run one job; `trainer.train(job, run_dir)` consumes it."""
+
+    model: ModelConfig = Field(..., description="Architecture.")
+    data: DataConfig = Field(..., description="Sources and mixture.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and LR schedule.")
+    train: TrainConfig = Field(..., description="Budget, batch, seed, cadences.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainJob":
+        per_step = self.train.batch_size * self.model.seq_len
+        if per_step > self.train.tokens:
+            raise ValueError(
+                f"train.batch_size * model.seq_len = {per_step} tokens per step exceeds train.tokens="
+                f"{self.train.tokens}; raise tokens or shrink the batch."
+            )
+        if self.data.tokenizer is None and self.model.vocab_size < 256:
+            raise ValueError(
+                f"model.vocab_size={self.model.vocab_size} is too small for the byte tokenizer; use 256 or more."
+            )
+        return self
+
+    @property
+    def num_steps(self) -> int:
+        return max(1, round(self.train.tokens / (self.train.batch_size * self.model.seq_len)))
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.batch_size * self.model.seq_len
