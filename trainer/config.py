@@ -288,6 +288,10 @@ class TrainConfig(Frozen):
             "progress",
             "max_bad_steps",
             "max_rollbacks",
+            "compilation_cache",
+            "compilation_cache_dir",
+            "peak_flops_per_second",
+            "async_checkpointing",
         }
     )
 
@@ -310,6 +314,16 @@ class TrainConfig(Frozen):
         None, description="Device mesh axis sizes, e.g. {'data': 4, 'expert': 2}; None = all devices on 'data'."
     )
     progress: bool = Field(True, description="Show a rich progress bar.")
+    compilation_cache: bool = Field(
+        True, description="Use JAX's persistent compilation cache (start-up of a repeated config drops by seconds)."
+    )
+    compilation_cache_dir: str | None = Field(
+        None, description="Persistent compilation cache directory; None = $LADDER_CACHE_DIR/jax or ~/.cache/ladder/jax."
+    )
+    peak_flops_per_second: float | None = Field(
+        None, gt=0, description="Peak FLOP/s of the whole mesh for MFU; None = table by device kind (measured on CPU)."
+    )
+    async_checkpointing: bool = Field(True, description="Write checkpoints in the background (orbax async).")
 
 
 class TrainJob(Frozen):
