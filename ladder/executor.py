@@ -1,0 +1,471 @@
+"""Plan and run a DAG of steps on Ray, skipping what is done and never running one step twice at once.
+
+The executor separates *deciding* from *doing*. `plan()` reads status files and classifies every
+step (done / running / failed / pending / blocked) without writing anything. `run()` launches the
+steps whose inputs are done as Ray tasks with the resources their specs ask for, starts dependants
+as soon as their inputs finish, and records every attempt in the step's status.json.
+
+Exactly-once comes from the lease in status.json, taken by the process that does the work (the
+Ray worker), not by the submitter: if two submitters race, both may launch a task, but only one
+task gets the lease; the other reports who holds it and its submitter waits for the result. If the
+holder dies, its heartbeat stops, the lease goes stale after `LADDER_LEASE_TTL` seconds, and a
+waiting submitter launches a new attempt that takes it over. A training step's new attempt gets
+the same run directory back, so the trainer resumes from its newest checkpoint.
+
+Ctrl-C asks running steps to stop (through status.json, which their heartbeat reads), waits for
+them to checkpoint, and marks them interrupted; a second Ctrl-C stops at once. Either way every
+status.json ends true.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from ladder.dag import DAG, FitStep, FunctionStep, Step, TrainStep
+from ladder.spec import SPEC_FORMAT_VERSION
+from ladder.store import Heartbeat, Store, lease_ttl_seconds, new_owner_id
+
+PLAN_STATES = ("done", "running", "failed", "pending", "blocked")
+
+
+class ExecutionError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------- plan
+
+
+@dataclass
+class PlanRow:
+    name: str
+    kind: str
+    state: str
+    detail: str
+    path: str
+    fingerprint: str
+    flops: float | None
+    waits_for: tuple[str, ...]
+    status: dict[str, Any] | None = None
+
+
+def plan(dag: DAG, store: Store, *, now: float | None = None) -> list[PlanRow]:
+    """Classify every step; reads only, never writes."""
+    now = time.time() if now is None else now
+    ttl = lease_ttl_seconds()
+    rows: dict[str, PlanRow] = {}
+    for step in dag:
+        fp = dag.fingerprints[step.name]
+        run_dir = store.run_dir(step.name, fp)
+        status = store.read_status(run_dir)
+        state, detail = _classify(status, now, ttl)
+        rows[step.name] = PlanRow(
+            name=step.name,
+            kind=step.kind,
+            state=state,
+            detail=detail,
+            path=store.url_of(run_dir),
+            fingerprint=fp,
+            flops=step.flops,
+            waits_for=dag.waits_for(step.name),
+            status=status,
+        )
+    for name in dag.order:
+        row = rows[name]
+        if row.state in ("done", "running"):
+            continue
+        bad = [d for d in row.waits_for if rows[d].state in ("failed", "blocked")]
+        if bad:
+            row.state = "blocked"
+            row.detail = f"waits for {', '.join(bad)} ({rows[bad[0]].state})"
+    return [rows[n] for n in dag.order]
+
+
+def _classify(status: dict[str, Any] | None, now: float, ttl: float) -> tuple[str, str]:
+    if not status:
+        return "pending", ""
+    state = status.get("state", "pending")
+    attempts = status.get("attempts", 0)
+    if state == "done":
+        return "done", f"{attempts} attempt(s)"
+    if state == "running":
+        lease = status.get("lease") or {}
+        age = now - lease.get("heartbeat", 0)
+        if lease and age < ttl:
+            return "running", f"held by {lease.get('owner')} (heartbeat {age:.0f}s ago)"
+        return "pending", f"interrupted: holder {lease.get('owner', '?')} silent for {age:.0f}s; resumes"
+    if state == "interrupted":
+        return "pending", "interrupted; resumes from its newest checkpoint"
+    if state == "failed":
+        error = (status.get("last_error") or "").strip().splitlines()
+        return "failed", error[-1][:160] if error else "failed"
+    return "pending", ""
+
+
+# ---------------------------------------------------------------------------------------- one step
+
+
+@dataclass(frozen=True)
+class DependencyInfo:
+    name: str
+    run_dir: str
+    result: dict[str, Any] | None
+
+
+@dataclass
+class StepContext:
+    """What a running step sees: where to write, what its inputs produced, when to stop."""
+
+    name: str
+    fingerprint: str
+    run_dir: str
+    store_url: str
+    deps: dict[str, DependencyInfo]
+    should_stop: Callable[[], bool] = lambda: False
+    report_progress: Callable[[dict[str, Any]], None] = lambda progress: None
+
+
+@dataclass
+class StepTask:
+    """Everything a worker needs to run one attempt of one step (pickled to the Ray worker)."""
+
+    step: Step
+    fingerprint: str
+    store_url: str
+    owner: str
+    deps: dict[str, DependencyInfo]
+    dependency_fingerprints: dict[str, str]
+    target: Step | None = None
+    target_fingerprint: str | None = None
+
+
+def execute_step(task: StepTask) -> dict[str, Any]:
+    """Run one attempt: take the lease, write spec.json, run, record the outcome. Never raises for step errors."""
+    store = Store(task.store_url)
+    step = task.step
+    run_dir = store.run_dir(step.name, task.fingerprint)
+    outcome = store.acquire_lease(run_dir, task.owner)
+    if not outcome.acquired:
+        if outcome.status.get("state") == "done":
+            return {"outcome": "done", "result": store.read_json(f"{run_dir}/result.json")}
+        return {"outcome": "held", "holder": outcome.holder, "heartbeat_age": outcome.heartbeat_age}
+    _write_spec(store, run_dir, task)
+    with Heartbeat(store, run_dir, task.owner) as heartbeat:
+        context = StepContext(
+            name=step.name,
+            fingerprint=task.fingerprint,
+            run_dir=store.url_of(run_dir),
+            store_url=store.url,
+            deps=task.deps,
+            should_stop=heartbeat.lost.is_set,
+            report_progress=lambda progress: setattr(heartbeat, "progress", progress),
+        )
+        try:
+            result, completed = _run_step_body(step, context, task, store)
+        except BaseException as error:  # noqa: BLE001 - every failure must reach status.json
+            message = f"{type(error).__name__}: {error}\n{traceback.format_exc()[-4000:]}"
+            store.finish(run_dir, task.owner, "failed", error=message)
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            return {"outcome": "failed", "error": f"{type(error).__name__}: {error}"}
+    if not completed:
+        reason = "stop requested" if heartbeat.lost.is_set() else "stopped early"
+        store.finish(run_dir, task.owner, "interrupted", error=reason)
+        return {"outcome": "interrupted", "result": result}
+    store.write_json(f"{run_dir}/result.json", result)
+    store.finish(run_dir, task.owner, "done")
+    return {"outcome": "done", "result": result}
+
+
+def _write_spec(store: Store, run_dir: str, task: StepTask) -> None:
+    step = task.step
+    spec: dict[str, Any] = {
+        "format": SPEC_FORMAT_VERSION,
+        "name": step.name,
+        "kind": step.kind,
+        "fingerprint": task.fingerprint,
+        "dependencies": task.dependency_fingerprints,
+        "after": list(step.after),
+        "content": step.content(),
+        "code_version": code_version(),
+        "written_at": time.time(),
+    }
+    if isinstance(step, TrainStep):
+        spec["job"] = step.spec.job().model_dump(mode="json")
+        spec["resources"] = step.spec.resources.model_dump(mode="json")
+        spec["tags"] = step.spec.tags
+        spec["derived"] = step.derived.model_dump()
+        try:
+            from trainer import lr_at_steps
+            import numpy as np
+
+            if step.derived.num_steps <= 200_000:
+                spec["lr_schedule"] = [float(x) for x in lr_at_steps(step.spec.job(), np.arange(1, step.derived.num_steps + 1))]
+        except ImportError:
+            pass
+    store.write_json(f"{run_dir}/spec.json", spec)
+
+
+def _run_step_body(step: Step, context: StepContext, task: StepTask, store: Store) -> tuple[dict[str, Any], bool]:
+    if isinstance(step, TrainStep):
+        from trainer import train
+
+        def progress_hook(step_number: int, metrics: dict[str, Any]) -> None:
+            context.report_progress({"step": step_number, **{k: v for k, v in metrics.items() if k.startswith("eval/loss")}})
+            return None
+
+        result = train(step.spec.job(), context.run_dir, hooks=[progress_hook], should_stop=context.should_stop)
+        payload = result.model_dump(mode="json") if hasattr(result, "model_dump") else dict(result)
+        return payload, bool(payload.get("completed", True))
+    if isinstance(step, FitStep):
+        from ladder.fitting import run_fit_step
+
+        return run_fit_step(step, context, task, store), True
+    if isinstance(step, FunctionStep):
+        value = step.fn(context, **step.config)
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            value = {"value": value}
+        return value, True
+    raise ExecutionError(f"don't know how to run a {type(step).__name__}")
+
+
+def code_version() -> str:
+    """The git commit of the code that ran (plus '-dirty'), or the package version outside git."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+        if commit.returncode == 0:
+            return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"ladder-{version('ladder')}"
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------------------- run
+
+
+@dataclass
+class RunReport:
+    states: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    launched: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and all(s == "done" for s in self.states.values())
+
+
+def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
+    """Connect to `address` (an existing cluster) or start an embedded local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    kwargs: dict[str, Any] = dict(include_dashboard=False, configure_logging=True, logging_level="WARNING", log_to_driver=True)
+    if address:
+        kwargs["address"] = address
+    else:
+        os.environ.pop("RAY_ADDRESS", None)
+        if num_cpus is not None:
+            kwargs["num_cpus"] = num_cpus
+    ray.init(**kwargs)
+
+
+def run(
+    dag: DAG,
+    store: Store,
+    targets: Iterable[str] | None = None,
+    *,
+    ray_address: str | None = None,
+    retry_failed: bool = False,
+    log: Callable[[str], None] = print,
+    poll_seconds: float = 0.5,
+    wait_for_others: bool = True,
+) -> RunReport:
+    """Run `targets` (default: every step) and what they wait for. Returns the final state of each."""
+    import ray
+
+    wanted = dag.upstream(targets) if targets else list(dag.order)
+    rows = {row.name: row for row in plan(dag, store)}
+    report = RunReport()
+    state: dict[str, str] = {}
+    for name in wanted:
+        row = rows[name]
+        state[name] = row.state
+        if row.state == "failed" and retry_failed:
+            state[name] = "pending"
+        if row.state == "done":
+            report.skipped.append(name)
+    _propagate_blocked(dag, wanted, state)
+
+    needs_ray = any(state[n] in ("pending", "running") for n in wanted)
+    if needs_ray:
+        _check_multi_host(dag, wanted, state)
+        init_ray(ray_address)
+    remote_execute = ray.remote(execute_step) if needs_ray else None
+
+    inflight: dict[Any, tuple[str, str]] = {}  # ObjectRef -> (step, owner)
+    waiting: dict[str, float] = {}  # steps held by someone else -> since
+    for name in wanted:
+        if state[name] == "running":
+            waiting[name] = time.time()
+            log(f"[wait] {name}: running elsewhere ({rows[name].detail})")
+
+    def launch(name: str) -> None:
+        step = dag[name]
+        owner = new_owner_id()
+        task = StepTask(
+            step=step,
+            fingerprint=dag.fingerprints[name],
+            store_url=store.url,
+            owner=owner,
+            deps={d: _dependency_info(dag, store, d) for d in step.deps},
+            dependency_fingerprints={d: dag.fingerprints[d] for d in step.deps},
+            target=dag[step.target] if isinstance(step, FitStep) else None,
+            target_fingerprint=dag.fingerprints[step.target] if isinstance(step, FitStep) else None,
+        )
+        options: dict[str, Any] = {"max_retries": 0, "name": f"ladder:{name}"}
+        if isinstance(step, TrainStep):
+            options.update(step.spec.resources.ray_options())
+        else:
+            options["num_cpus"] = 1
+        ref = remote_execute.options(**options).remote(task)
+        inflight[ref] = (name, owner)
+        state[name] = "running"
+        report.launched.append(name)
+        log(f"[start] {name} -> {rows[name].path}")
+
+    try:
+        while True:
+            for name in wanted:
+                if state[name] == "pending" and name not in waiting and all(state[d] == "done" for d in dag.waits_for(name)):
+                    launch(name)
+            if not inflight and not waiting:
+                break
+            if inflight:
+                done_refs, _ = ray.wait(list(inflight), num_returns=1, timeout=poll_seconds)
+            else:
+                done_refs = []
+                time.sleep(poll_seconds)
+            for ref in done_refs:
+                name, owner = inflight.pop(ref)
+                _collect(ref, name, owner, dag, store, state, report, waiting, log)
+            for name in list(waiting):
+                _poll_waiting(name, dag, store, state, waiting, log, wait_for_others)
+            _propagate_blocked(dag, wanted, state)
+    except KeyboardInterrupt:
+        report.interrupted = True
+        log("[ctrl-c] asking running steps to stop and checkpoint (press Ctrl-C again to stop at once)")
+        _stop_inflight(inflight, dag, store, state, log)
+    report.states = {n: state[n] for n in wanted}
+    return report
+
+
+def _dependency_info(dag: DAG, store: Store, name: str) -> DependencyInfo:
+    run_dir = store.run_dir(name, dag.fingerprints[name])
+    return DependencyInfo(name=name, run_dir=store.url_of(run_dir), result=store.read_json(f"{run_dir}/result.json"))
+
+
+def _collect(ref, name, owner, dag, store, state, report, waiting, log) -> None:
+    import ray
+
+    run_dir = store.run_dir(name, dag.fingerprints[name])
+    try:
+        outcome = ray.get(ref)
+    except ray.exceptions.RayError as error:
+        message = f"worker died: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        store.finish(run_dir, owner, "failed", error=message)
+        outcome = {"outcome": "failed", "error": message}
+    kind = outcome["outcome"]
+    if kind == "done":
+        state[name] = "done"
+        log(f"[done] {name}")
+    elif kind == "held":
+        state[name] = "running"
+        waiting[name] = time.time()
+        log(f"[wait] {name}: held by {outcome.get('holder')}; waiting for it to finish or go stale")
+    elif kind == "interrupted":
+        state[name] = "pending"
+        report.errors[name] = "interrupted"
+        log(f"[stop] {name}: interrupted; it resumes on the next submit")
+    else:
+        state[name] = "failed"
+        report.errors[name] = outcome.get("error", "failed")
+        log(f"[fail] {name}: {report.errors[name]}")
+
+
+def _poll_waiting(name, dag, store, state, waiting, log, wait_for_others) -> None:
+    run_dir = store.run_dir(name, dag.fingerprints[name])
+    status = store.read_status(run_dir) or {}
+    current, detail = _classify(status, time.time(), lease_ttl_seconds())
+    if current == "done":
+        state[name] = "done"
+        waiting.pop(name)
+        log(f"[done] {name} (finished by another submitter)")
+    elif current == "failed":
+        state[name] = "failed"
+        waiting.pop(name)
+        log(f"[fail] {name} (failed in another submitter): {detail}")
+    elif current == "pending":  # holder went silent: take over
+        state[name] = "pending"
+        waiting.pop(name)
+        log(f"[takeover] {name}: {detail}")
+    elif not wait_for_others:
+        state[name] = "running"
+        waiting.pop(name)
+
+
+def _propagate_blocked(dag: DAG, wanted: list[str], state: dict[str, str]) -> None:
+    for name in wanted:
+        if state[name] == "pending" and any(state.get(d) in ("failed", "blocked") for d in dag.waits_for(name)):
+            state[name] = "blocked"
+
+
+def _check_multi_host(dag: DAG, wanted: list[str], state: dict[str, str]) -> None:
+    for name in wanted:
+        step = dag[name]
+        if state[name] == "pending" and isinstance(step, TrainStep) and step.spec.resources.hosts > 1:
+            raise ExecutionError(
+                f"step {name!r} asks for resources.hosts={step.spec.resources.hosts}; this executor runs single-host "
+                "steps only so far (multi-host gangs are issue 7). Set hosts=1 to run it on one host."
+            )
+
+
+def _stop_inflight(inflight, dag, store, state, log) -> None:
+    import ray
+
+    for ref, (name, owner) in inflight.items():
+        run_dir = store.run_dir(name, dag.fingerprints[name])
+        store.update_status(run_dir, lambda s, owner=owner: s.update(stop_requested=owner))
+    deadline = time.time() + max(10.0, lease_ttl_seconds() / 2)
+    pending = list(inflight)
+    try:
+        while pending and time.time() < deadline:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+    except KeyboardInterrupt:
+        log("[ctrl-c] stopping at once")
+    for ref in pending:
+        ray.cancel(ref, force=True)
+    for ref, (name, owner) in inflight.items():
+        run_dir = store.run_dir(name, dag.fingerprints[name])
+        store.finish(run_dir, owner, "interrupted", error="interrupted by Ctrl-C in the submitter")
+        state[name] = "pending"

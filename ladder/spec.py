@@ -1,0 +1,156 @@
+"""Typed experiment specs, their identity, and the numbers derived from them.
+
+An `ExperimentSpec` is a trainer `TrainJob` (model, data, optimizer and schedule, budget) plus what it
+takes to run it (`ResourceSpec`) and free-form tags. The split matters because identity is
+what a spec *computes*, not where it runs: the fingerprint hashes the job (minus the loop's
+execution-only fields such as logging cadence and mesh) and the fingerprints of the steps it
+reads from, and ignores resources, the store root, the cluster and logging. Changing a learning
+rate moves a run to a new directory; moving it from a laptop to a cluster does not (Marin's
+region-in-the-hash lesson, `reference/marin.md`).
+
+Derived numbers (parameters, FLOPs, steps) are never typed by hand: `derived()` asks the trainer's
+accounting module, so the plan, the forecaster and the trainer can never disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from trainer.config import TrainConfig, TrainJob
+
+SPEC_FORMAT_VERSION = 1
+
+
+class ResourceSpec(BaseModel):
+    """What one step asks the cluster for, expressed as Ray resources. Never part of identity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpus: float = Field(1.0, ge=0, description="CPU cores per host (Ray num_cpus).")
+    gpus: float = Field(0.0, ge=0, description="GPUs per host (Ray num_gpus).")
+    tpus: float = Field(0.0, ge=0, description="TPU chips per host (Ray custom resource 'TPU').")
+    accelerator_type: str | None = Field(
+        None, description="Accelerator model the step needs, e.g. 'H100', 'GB200', 'TPU-V5P' (Ray accelerator_type)."
+    )
+    hosts: int = Field(1, ge=1, description="Number of hosts the step spans (one process per host).")
+    memory_gb: float | None = Field(None, gt=0, description="Host memory to reserve, in GiB (Ray memory).")
+    custom: dict[str, float] = Field(
+        default_factory=dict, description="Extra Ray custom resources, e.g. {'fake_accel': 1}."
+    )
+
+    @field_validator("custom")
+    @classmethod
+    def _positive_custom(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, amount in value.items():
+            if amount < 0:
+                raise ValueError(f"custom resource {key!r} asks for {amount}; resource amounts must be >= 0.")
+        return value
+
+    def ray_options(self) -> dict[str, Any]:
+        """Options for `ray.remote(...).options(**...)` for one host's process."""
+        resources = dict(self.custom)
+        if self.tpus:
+            resources["TPU"] = self.tpus
+        options: dict[str, Any] = {"num_cpus": self.cpus, "num_gpus": self.gpus}
+        if resources:
+            options["resources"] = resources
+        if self.accelerator_type:
+            options["accelerator_type"] = self.accelerator_type
+        if self.memory_gb:
+            options["memory"] = int(self.memory_gb * 1024**3)
+        return options
+
+    def describe(self) -> str:
+        parts = []
+        if self.hosts > 1:
+            parts.append(f"{self.hosts} hosts x")
+        if self.gpus:
+            parts.append(f"{self.gpus:g} GPU")
+        if self.tpus:
+            parts.append(f"{self.tpus:g} TPU")
+        if self.accelerator_type:
+            parts.append(self.accelerator_type)
+        parts.append(f"{self.cpus:g} CPU")
+        parts.extend(f"{v:g} {k}" for k, v in sorted(self.custom.items()))
+        return " ".join(parts)
+
+
+class ExperimentSpec(TrainJob):
+    """A training job plus its resource request and tags; the unit a training step runs."""
+
+    resources: ResourceSpec = Field(default_factory=ResourceSpec, description="Cluster resources (not identity).")
+    tags: dict[str, str] = Field(default_factory=dict, description="Free-form labels (not identity).")
+
+    def job(self) -> TrainJob:
+        """The trainer's view: the same job without resources and tags."""
+        return TrainJob.model_validate(self.model_dump(exclude={"resources", "tags"}))
+
+    def identity(self) -> dict[str, Any]:
+        """The canonical content that determines results (what the fingerprint hashes)."""
+        payload = self.model_dump(mode="json", exclude={"resources", "tags"})
+        for field in TrainConfig.EXECUTION_FIELDS:
+            payload["train"].pop(field, None)
+        return payload
+
+    def derived(self) -> "DerivedNumbers":
+        return derive_numbers(self)
+
+
+class DerivedNumbers(BaseModel):
+    """Numbers computed from a spec by the trainer's accounting module."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    params_active: int
+    params_total: int
+    num_steps: int
+    tokens: int
+    tokens_per_step: int
+    flops_per_token: float = Field(description="Forward FLOPs per token including the lm_head.")
+    flops_per_token_no_lm_head: float
+    total_flops: float = Field(description="Training FLOPs (3 x forward, lm_head included) over all steps.")
+
+
+def derive_numbers(spec: TrainJob) -> DerivedNumbers:
+    from trainer import accounting
+
+    counts = accounting.count_params(spec.model)
+    steps = spec.num_steps
+    tokens = steps * spec.tokens_per_step
+    fpt = float(accounting.forward_flops_per_token(spec.model, include_lm_head=True))
+    return DerivedNumbers(
+        params_active=int(counts.active),
+        params_total=int(counts.total),
+        num_steps=steps,
+        tokens=tokens,
+        tokens_per_step=spec.tokens_per_step,
+        flops_per_token=fpt,
+        flops_per_token_no_lm_head=float(accounting.forward_flops_per_token(spec.model, include_lm_head=False)),
+        total_flops=3.0 * fpt * tokens,
+    )
+
+
+def canonical_json(payload: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal content gives equal bytes."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def fingerprint(payload: Any) -> str:
+    """sha256 of the canonical JSON of `payload`."""
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def explain_validation_error(error: ValidationError, where: str = "spec") -> str:
+    """One sentence per problem, naming the field path and pydantic's message (which says the fix)."""
+    lines = []
+    for problem in error.errors():
+        path = ".".join(str(p) for p in problem["loc"]) or where
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown field; remove it or check its spelling against `ladder schema`"
+        lines.append(f"{where}.{path}: {message}" if path != where else f"{where}: {message}")
+    return "\n".join(lines)

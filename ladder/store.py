@@ -1,0 +1,301 @@
+"""The artifact store: run directories, status files, leases and versioned forecasts on any fsspec URL.
+
+Layout (see ../shared/DESIGN.md):
+
+    {root}/runs/{step}-{fingerprint[:10]}/spec.json, status.json, metrics.jsonl, checkpoints/, result.json
+    {root}/forecasts/{target}/{n}.json
+
+`status.json` is the single source of truth about a step. Every change to it is a guarded
+read-modify-write followed by an atomic replace, so a reader never sees half a file and two
+writers never lose each other's update. The guard is a file lock on local disks, a process lock
+for `memory://`, and write-then-verify on object stores (which have no locks; a lease there is
+best effort, as it is in Marin's GCS executor).
+
+A lease is the right to run a step. Its holder writes a heartbeat every `ttl / 4` seconds; a
+lease whose heartbeat is older than `ttl` belongs to a dead process and may be taken over. That
+is what makes a SIGKILLed submitter harmless: the next submitter waits out the TTL and resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import fsspec
+from filelock import FileLock
+
+DEFAULT_ROOT = "ladder-runs"
+STATES = ("pending", "running", "done", "failed", "interrupted")
+
+
+def lease_ttl_seconds() -> float:
+    """Seconds without a heartbeat after which a lease is considered dead (LADDER_LEASE_TTL)."""
+    return float(os.environ.get("LADDER_LEASE_TTL", "60"))
+
+
+def new_owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def resolve_root(root: str | None) -> str:
+    return root or os.environ.get("LADDER_ROOT") or DEFAULT_ROOT
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+_MEMORY_LOCKS: dict[str, threading.Lock] = {}
+_MEMORY_LOCKS_GUARD = threading.Lock()
+
+
+@dataclass(frozen=True)
+class LeaseOutcome:
+    """Result of trying to take a step's lease."""
+
+    acquired: bool
+    status: dict[str, Any]
+    holder: str | None = None
+    heartbeat_age: float | None = None
+
+
+class Store:
+    """Artifacts of every step under one root URL (local folder, gs://, s3://, memory://)."""
+
+    def __init__(self, root: str | None = None):
+        self.url = resolve_root(root).rstrip("/")
+        self.fs, path = fsspec.core.url_to_fs(self.url)
+        self.is_local = self.fs.protocol in ("file", "local") or "file" in tuple(self.fs.protocol)
+        self.root = os.path.abspath(path) if self.is_local else path
+        self.is_memory = "memory" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    # ------------------------------------------------------------------ paths
+
+    def run_dir(self, name: str, fp: str) -> str:
+        return f"{self.root}/runs/{name}-{fp[:10]}"
+
+    def url_of(self, path: str) -> str:
+        """A path of this store as something another process can open (a local path or a URL)."""
+        if self.is_local:
+            return path
+        return self.fs.unstrip_protocol(path)
+
+    def forecast_dir(self, target: str) -> str:
+        return f"{self.root}/forecasts/{target}"
+
+    # ------------------------------------------------------------------ plain files
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path)
+
+    def read_json(self, path: str) -> Any | None:
+        try:
+            with self.fs.open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return None
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError as error:
+            raise StoreError(f"{self.url_of(path)} is not valid JSON ({error}); it may be corrupt, inspect or delete it.") from None
+
+    def write_json(self, path: str, obj: Any) -> None:
+        """Write JSON atomically: readers see the old file or the new one, never a mix."""
+        data = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+        parent = path.rsplit("/", 1)[0]
+        self.fs.makedirs(parent, exist_ok=True)
+        if self.is_local:
+            tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        else:
+            self.fs.pipe_file(path, data)
+
+    def create_json_exclusive(self, path: str, obj: Any) -> bool:
+        """Create `path` only if it does not exist; False if it does (never overwrites)."""
+        data = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        if self.is_local:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            return True
+        with self._guard(path):
+            if self.fs.exists(path):
+                return False
+            self.fs.pipe_file(path, data)
+            return True
+
+    @contextlib.contextmanager
+    def _guard(self, path: str) -> Iterator[None]:
+        if self.is_local:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            with FileLock(f"{path}.lock", timeout=60):
+                yield
+        else:
+            with _MEMORY_LOCKS_GUARD:
+                lock = _MEMORY_LOCKS.setdefault(f"{self.url}|{path}", threading.Lock())
+            with lock:
+                yield
+
+    # ------------------------------------------------------------------ status
+
+    def status_path(self, run_dir: str) -> str:
+        return f"{run_dir}/status.json"
+
+    def read_status(self, run_dir: str) -> dict[str, Any] | None:
+        return self.read_json(self.status_path(run_dir))
+
+    def update_status(self, run_dir: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
+        """Guarded read-modify-write of status.json; `change` edits the dict (or returns a new one)."""
+        path = self.status_path(run_dir)
+        with self._guard(path):
+            status = self.read_json(path) or {"state": "pending", "attempts": 0, "history": []}
+            updated = change(status)
+            status = updated if updated is not None else status
+            status["updated_at"] = time.time()
+            self.write_json(path, status)
+            return status
+
+    def acquire_lease(self, run_dir: str, owner: str, *, ttl: float | None = None) -> LeaseOutcome:
+        """Take the step's lease unless a live holder has it or the step is done."""
+        ttl = lease_ttl_seconds() if ttl is None else ttl
+        result: dict[str, Any] = {}
+
+        def change(status: dict[str, Any]) -> None:
+            now = time.time()
+            lease = status.get("lease")
+            if status.get("state") == "done":
+                result.update(acquired=False)
+                return
+            if lease and lease.get("owner") != owner and now - lease.get("heartbeat", 0) < ttl:
+                result.update(acquired=False, holder=lease["owner"], age=now - lease["heartbeat"])
+                return
+            if lease and lease.get("owner") != owner:
+                status.setdefault("history", []).append(
+                    {"event": "lease_taken_over", "from": lease.get("owner"), "stale_for": now - lease.get("heartbeat", 0), "at": now}
+                )
+            status["lease"] = {"owner": owner, "heartbeat": now, "acquired_at": now, "host": socket.gethostname(), "pid": os.getpid()}
+            status["state"] = "running"
+            status["attempts"] = int(status.get("attempts", 0)) + 1
+            status["started_at"] = now
+            status["host"] = socket.gethostname()
+            status.pop("finished_at", None)
+            result.update(acquired=True)
+
+        status = self.update_status(run_dir, change)
+        if not self.is_local and not self.is_memory and result.get("acquired"):
+            time.sleep(1.0)  # object stores: let a racing writer land, then verify we still hold it
+            status = self.read_status(run_dir) or {}
+            if (status.get("lease") or {}).get("owner") != owner:
+                holder = (status.get("lease") or {}).get("owner")
+                return LeaseOutcome(False, status, holder, 0.0)
+        return LeaseOutcome(bool(result.get("acquired")), status, result.get("holder"), result.get("age"))
+
+    def heartbeat(self, run_dir: str, owner: str, progress: dict[str, Any] | None = None) -> bool:
+        """Refresh the lease; False if someone else holds it now or a stop was requested (we must stop)."""
+        held = {"ok": False}
+
+        def change(status: dict[str, Any]) -> None:
+            lease = status.get("lease") or {}
+            if lease.get("owner") == owner and status.get("stop_requested") != owner:
+                lease["heartbeat"] = time.time()
+                if progress:
+                    status["progress"] = progress
+                held["ok"] = True
+
+        self.update_status(run_dir, change)
+        return held["ok"]
+
+    def finish(self, run_dir: str, owner: str | None, state: str, *, error: str | None = None, extra: dict | None = None) -> dict:
+        """Record the end of an attempt and release the lease (only if `owner` still holds it, or owner is None)."""
+        assert state in STATES
+
+        def change(status: dict[str, Any]) -> None:
+            lease = status.get("lease") or {}
+            if owner is not None and lease.get("owner") not in (None, owner):
+                return  # someone else took over; their status is the truth
+            now = time.time()
+            status["state"] = state
+            status["finished_at"] = now
+            status["lease"] = None
+            status.pop("stop_requested", None)
+            if error is not None:
+                status["last_error"] = error
+            status.setdefault("history", []).append({"event": state, "at": now, "owner": owner, **({"error": error[-500:]} if error else {})})
+            if extra:
+                status.update(extra)
+
+        return self.update_status(run_dir, change)
+
+    # ------------------------------------------------------------------ forecasts
+
+    def list_forecasts(self, target: str) -> list[int]:
+        directory = self.forecast_dir(target)
+        try:
+            names = self.fs.ls(directory, detail=False)
+        except FileNotFoundError:
+            return []
+        versions = []
+        for name in names:
+            stem = name.rsplit("/", 1)[-1]
+            if stem.endswith(".json") and stem[:-5].isdigit():
+                versions.append(int(stem[:-5]))
+        return sorted(versions)
+
+    def write_forecast(self, target: str, payload: dict[str, Any]) -> int:
+        """Store a new forecast version n+1 for `target`; earlier versions are never touched."""
+        for _ in range(100):
+            version = (self.list_forecasts(target) or [0])[-1] + 1
+            payload = {**payload, "version": version}
+            if self.create_json_exclusive(f"{self.forecast_dir(target)}/{version}.json", payload):
+                return version
+        raise StoreError(f"could not allocate a forecast version for {target!r} after 100 tries.")
+
+    def read_forecast(self, target: str, version: int | None = None) -> dict[str, Any] | None:
+        versions = self.list_forecasts(target)
+        if not versions:
+            return None
+        return self.read_json(f"{self.forecast_dir(target)}/{version or versions[-1]}.json")
+
+
+class Heartbeat:
+    """Background thread that keeps a lease alive; `lost` is set if another owner took the lease."""
+
+    def __init__(self, store: Store, run_dir: str, owner: str, interval: float | None = None):
+        self.store, self.run_dir, self.owner = store, run_dir, owner
+        self.interval = interval or max(0.2, lease_ttl_seconds() / 4)
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self.progress: dict[str, Any] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{owner}", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                if not self.store.heartbeat(self.run_dir, self.owner, self.progress):
+                    self.lost.set()
+                    return
+            except Exception:  # a flaky store must not kill the run; a stale lease is the worst case
+                continue
