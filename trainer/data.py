@@ -537,9 +537,7 @@ class DataPipeline:
         if step < 0:
             raise ValueError(f"step={step} is negative; steps count from 0.")
         rows = _process_rows(batch_size, process_index, process_count)
-        cumulative = self._cumulative_weights[self.phase_index(step)]
-        choice = np.searchsorted(cumulative, _uniform(row_hashes(seed, step, rows, 0)), side="right")
-        choice = np.minimum(choice, len(self._sources) - 1)
+        choice = self._choose_sources(step, seed, rows)
         offsets_h = row_hashes(seed, step, rows, 1)
         out = np.empty((len(rows), self.seq_len + 1), dtype=np.int32)
         for s in np.unique(choice):
@@ -548,6 +546,17 @@ class DataPipeline:
             starts = offsets_h[picked] % _U64(len(tokens) - self.seq_len)
             out[picked] = tokens[starts.astype(np.int64)[:, None] + self._window]
         return out
+
+    def row_sources(
+        self, step: int, *, batch_size: int, seed: int, process_index: int = 0, process_count: int = 1
+    ) -> np.ndarray:
+        """Index into `source_names` of the source each row of `train_batch(step, ...)` is drawn from."""
+        return self._choose_sources(step, seed, _process_rows(batch_size, process_index, process_count))
+
+    def _choose_sources(self, step: int, seed: int, rows: np.ndarray) -> np.ndarray:
+        cumulative = self._cumulative_weights[self.phase_index(step)]
+        choice = np.searchsorted(cumulative, _uniform(row_hashes(seed, step, rows, 0)), side="right")
+        return np.minimum(choice, len(self._sources) - 1)
 
     def eval_batches(
         self, source: str, *, batch_size: int, num_batches: int, process_index: int = 0, process_count: int = 1
