@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import warnings
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 from pydoc_data.topics import topics
 
 from trainer.config import DataConfig, MixturePhase, SourceConfig
-from trainer.data import build_data, stdlib_code_files
+from trainer.data import build_data, stdlib_code_files, stdlib_data_config
 from trainer.tokenizer import ByteTokenizer, load_tokenizer
 
 SEQ = 64
@@ -138,7 +137,8 @@ def test_single_document_is_split_at_its_tail(tmp_path):
 def test_text_jsonl_parquet_and_memory_sources_yield_identical_tokens(tmp_path):
     docs = DOCS[:30]
     text = SourceConfig(name="text", paths=[write_text_files(tmp_path / "txt", docs)])
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"id": i, "content": d}) + "\n" for i, d in enumerate(docs)))
+    lines = [json.dumps({"id": i, "content": d}) + "\n" for i, d in enumerate(docs)]
+    (tmp_path / "docs.jsonl").write_text("".join(lines))
     jsonl = SourceConfig(name="jsonl", kind="jsonl", paths=[str(tmp_path / "docs.jsonl")], text_field="content")
     pq.write_table(pa.table({"body": docs[:12]}), tmp_path / "part-0.parquet")
     pq.write_table(pa.table({"body": docs[12:]}), tmp_path / "part-1.parquet")
@@ -168,7 +168,9 @@ def test_cache_is_reused_and_invalidated_by_changed_input(tmp_path):
     second = build_data(cfg, seq_len=SEQ, num_steps=10, cache_dir=cache)
     assert first.cache_status == {"t": "built"} and second.cache_status == {"t": "hit"}
     assert os.stat(meta).st_mtime_ns == stamp and isinstance(second._sources[0].train, np.memmap)
-    np.testing.assert_array_equal(first.train_batch(3, batch_size=4, seed=0), second.train_batch(3, batch_size=4, seed=0))
+    np.testing.assert_array_equal(
+        first.train_batch(3, batch_size=4, seed=0), second.train_batch(3, batch_size=4, seed=0)
+    )
 
     (tmp_path / "t" / "doc000.txt").write_text("changed text " * 50)
     third = build_data(cfg, seq_len=SEQ, num_steps=10, cache_dir=cache)
@@ -223,7 +225,8 @@ def test_process_slices_concatenate_to_the_global_batch(two_sources, tmp_path):
 
 
 def test_max_tokens_per_source_caps_what_is_read(tmp_path):
-    cfg = one_source(SourceConfig(name="t", paths=[write_text_files(tmp_path / "t", DOCS)]), max_tokens_per_source=20_000)
+    source = SourceConfig(name="t", paths=[write_text_files(tmp_path / "t", DOCS)])
+    cfg = one_source(source, max_tokens_per_source=20_000)
     data = build_data(cfg, seq_len=SEQ, num_steps=10, cache_dir=str(tmp_path / "c"))
     counts = data.source_token_counts()["t"]
     assert counts["train"] + counts["validation"] == 20_000
@@ -259,16 +262,16 @@ def test_hugging_face_tokenizer_json(tmp_path):
     with pytest.raises(ValueError, match=f"model.vocab_size=256; set model.vocab_size to at least {tok.vocab_size}"):
         data.check_vocab(256)
     with pytest.raises(ValueError, match="vocab_size"):
-        build_data(one_source(source, tokenizer=path), seq_len=SEQ, num_steps=10, cache_dir=str(tmp_path / "c"), model_vocab_size=256)
+        build_data(
+            one_source(source, tokenizer=path), seq_len=SEQ, num_steps=10, cache_dir=str(tmp_path / "c"),
+            model_vocab_size=256,
+        )
 
 
 def test_stdlib_corpora_are_real_offline_text(tmp_path):
-    cfg = DataConfig(
-        sources=[SourceConfig(name="code", kind="stdlib_code"), SourceConfig(name="docs", kind="stdlib_docs")],
-        phases=[MixturePhase(weights={"code": 0.5, "docs": 0.5})],
-        max_tokens_per_source=300_000,
-    )
+    cfg = stdlib_data_config(0.5, max_tokens_per_source=300_000)
     data = build_data(cfg, seq_len=256, num_steps=10, cache_dir=str(tmp_path / "c"))
+    assert data.source_names == ["code", "docs"]
     code, docs = (np.concatenate([s.train, s.validation]).astype(np.uint8).tobytes() for s in data._sources)
     assert b"import " in code and code.count(b"def ") > 5 * docs.count(b"def ")  # code vs prose about code
     assert b'The "assert" statement' in docs  # help('assert'), shipped in pydoc_data
@@ -294,7 +297,8 @@ def test_clear_errors(tmp_path):
     small = one_source(SourceConfig(name="s", paths=[write_text_files(tmp_path / "s", DOCS[:20])]))
     counts = build(small).source_token_counts()["s"]
     val = counts["validation"]
-    with pytest.raises(ValueError, match=rf"has {val} validation tokens, fewer than one sequence of seq_len \+ 1 = {val + 1}"):
+    too_few = rf"has {val} validation tokens, fewer than one sequence of seq_len \+ 1 = {val + 1}"
+    with pytest.raises(ValueError, match=too_few):
         build(small, seq_len=val)
     with pytest.raises(ValueError, match=rf"has {counts['train']} train tokens, fewer than one sequence"):
         build(small, seq_len=counts["train"])

@@ -22,9 +22,9 @@ Why it is shaped this way:
   text behind ``help('topic')``, plus every module, class and function docstring). Real text nobody
   here wrote, present wherever Python is. Each is read up to ``STDLIB_MAX_BYTES``.
 
-Documents are joined with the tokenizer's end-of-document id (byte 0 for the byte tokenizer) so a
-window that spans two documents sees where one ends. Builds hold one source in memory while
-tokenizing, which suits corpora up to a few GB.
+Documents are joined with the tokenizer's end-of-document id (byte 0 for the byte tokenizer; nothing
+if a tokenizer.json defines no such token) so a window that spans two documents sees where one ends.
+Builds hold one source in memory while tokenizing, which suits corpora up to a few GB.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import fsspec
 import numpy as np
 from filelock import FileLock
 
-from trainer.config import DataConfig, SourceConfig
+from trainer.config import DataConfig, MixturePhase, SourceConfig
 from trainer.tokenizer import Tokenizer, check_vocab, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ class _InputFile:
 
 
 def _fingerprint(info: dict) -> str:
-    stamp = next((info[k] for k in ("mtime", "LastModified", "updated", "ETag", "etag", "md5", "created") if k in info), "")
+    stamp_keys = ("mtime", "LastModified", "updated", "ETag", "etag", "md5", "created")
+    stamp = next((info[k] for k in stamp_keys if k in info), "")
     return f"{info.get('size')}:{stamp}"
 
 
@@ -118,7 +119,8 @@ def _expand_paths(source: SourceConfig, index: int) -> list[_InputFile]:
 
 
 def _open_text(file: _InputFile):
-    return fsspec.open(file.fs.unstrip_protocol(file.path), "rt", encoding="utf-8", errors="replace", compression="infer")
+    url = file.fs.unstrip_protocol(file.path)
+    return fsspec.open(url, "rt", encoding="utf-8", errors="replace", compression="infer")
 
 
 def _text_documents(files: list[_InputFile]) -> Iterator[str]:
@@ -138,7 +140,8 @@ def _jsonl_documents(files: list[_InputFile], source: SourceConfig, index: int) 
                     keys = sorted(record) if isinstance(record, dict) else type(record).__name__
                     raise ValueError(
                         f"data.sources[{index}] ({source.name!r}): line {line_number} of {file.path} has no key "
-                        f"{source.text_field!r} (it has {keys}); set data.sources[{index}].text_field to the key holding the text."
+                        f"{source.text_field!r} (it has {keys}); "
+                        f"set data.sources[{index}].text_field to the key holding the text."
                     )
                 text = record[source.text_field]
                 if text:
@@ -155,7 +158,8 @@ def _parquet_documents(files: list[_InputFile], source: SourceConfig, index: int
             if source.text_field not in columns:
                 raise ValueError(
                     f"data.sources[{index}] ({source.name!r}): parquet file {file.path} has no column "
-                    f"{source.text_field!r} (columns: {columns}); set data.sources[{index}].text_field to the text column."
+                    f"{source.text_field!r} (columns: {columns}); "
+                    f"set data.sources[{index}].text_field to the text column."
                 )
             for batch in parquet.iter_batches(batch_size=4096, columns=[source.text_field]):
                 for text in batch.column(0).to_pylist():
@@ -243,7 +247,10 @@ def _byte_capped(documents: Iterator[str], max_chars: int) -> Iterator[str]:
 def _content_fingerprint(source: SourceConfig, files: list[_InputFile]) -> list[str]:
     if source.kind in ("stdlib_code", "stdlib_docs"):
         root = stdlib_root()
-        stats = [f"{p.relative_to(root).as_posix()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in stdlib_code_files()]
+        stats = []
+        for path in stdlib_code_files():
+            stat = path.stat()
+            stats.append(f"{path.relative_to(root).as_posix()}:{stat.st_size}:{stat.st_mtime_ns}")
         return [sys.version, str(root), str(STDLIB_MAX_BYTES), hashlib.sha256("\n".join(stats).encode()).hexdigest()]
     return [f"{f.fs.unstrip_protocol(f.path)}|{f.fingerprint}" for f in files]
 
@@ -484,7 +491,9 @@ def _uniform(h: np.ndarray) -> np.ndarray:
 class DataPipeline:
     """Tokenized sources plus the mixture schedule; batches are computed, never iterated."""
 
-    def __init__(self, data: DataConfig, tokenizer: Tokenizer, sources: list[SourceTokens], *, seq_len: int, num_steps: int):
+    def __init__(
+        self, data: DataConfig, tokenizer: Tokenizer, sources: list[SourceTokens], *, seq_len: int, num_steps: int
+    ):
         self.data = data
         self.tokenizer = tokenizer
         self.seq_len = seq_len
@@ -593,6 +602,18 @@ def _process_rows(batch_size: int, process_index: int, process_count: int) -> np
     return np.arange(process_index * local, (process_index + 1) * local, dtype=np.int64)
 
 
+def stdlib_data_config(
+    code_weight: float = 0.8, *, max_tokens_per_source: int | None = None, tokenizer: str | None = None
+) -> DataConfig:
+    """The default offline corpus: sources "code" (stdlib_code) and "docs" (stdlib_docs) in one phase."""
+    return DataConfig(
+        sources=[SourceConfig(name="code", kind="stdlib_code"), SourceConfig(name="docs", kind="stdlib_docs")],
+        phases=[MixturePhase(weights={"code": code_weight, "docs": 1.0 - code_weight})],
+        max_tokens_per_source=max_tokens_per_source,
+        tokenizer=tokenizer,
+    )
+
+
 def build_data(
     data: DataConfig,
     *,
@@ -618,6 +639,7 @@ def build_data(
                 raise ValueError(
                     f"data.sources[{i}] ({config.name!r}) has {len(array)} {split} tokens, fewer than one sequence of "
                     f"seq_len + 1 = {need}; add text, raise data.max_tokens_per_source or "
-                    f"{'raise' if split == 'validation' else 'lower'} data.sources[{i}].validation_fraction, or lower seq_len."
+                    f"{'raise' if split == 'validation' else 'lower'} data.sources[{i}].validation_fraction, "
+                    "or lower seq_len."
                 )
     return DataPipeline(data, tokenizer, sources, seq_len=seq_len, num_steps=num_steps)
