@@ -203,6 +203,7 @@ def test_damaged_cache_is_detected_and_rebuilt(tmp_path, damage):
     with pytest.warns(UserWarning, match="unusable"):
         after = build_data(cfg, seq_len=SEQ, num_steps=10, cache_dir=cache)
     assert after.cache_status == {"t": "rebuilt"}
+    assert not os.path.exists(directory + ".tmp-999-deadbeef")
     np.testing.assert_array_equal(after.train_batch(0, batch_size=4, seed=0), expected)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

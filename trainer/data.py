@@ -426,6 +426,9 @@ def tokenize_source(
     safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name)[:40]
     directory = os.path.join(cache_dir, f"{safe_name}-{key}")
     with FileLock(directory + ".lock"):
+        # holding this key's lock, any temporary sibling is debris of a killed build
+        for debris in Path(cache_dir).glob(f"{safe_name}-{key}.tmp-*"):
+            shutil.rmtree(debris, ignore_errors=True)
         status = "built"
         try:
             cached = _load_cache(directory, key)
