@@ -291,6 +291,10 @@ def test_clear_errors(tmp_path):
     with pytest.raises(ValueError, match=r"has no key 'text' .*set data.sources\[0\].text_field"):
         build(one_source(SourceConfig(name="j", kind="jsonl", paths=[str(tmp_path / "d.jsonl")])))
 
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": oops}\n')
+    with pytest.raises(ValueError, match=r"line 2 of .*bad.jsonl is not valid JSON"):
+        build(one_source(SourceConfig(name="j", kind="jsonl", paths=[str(tmp_path / "bad.jsonl")])))
+
     pq.write_table(pa.table({"body": ["x" * 1000]}), tmp_path / "d.parquet")
     with pytest.raises(ValueError, match=r"no column 'text' \(columns: \['body'\]\)"):
         build(one_source(SourceConfig(name="p", kind="parquet", paths=[str(tmp_path / "d.parquet")])))

@@ -135,7 +135,13 @@ def _jsonl_documents(files: list[_InputFile], source: SourceConfig, index: int) 
             for line_number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
-                record = json.loads(line)
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(
+                        f"data.sources[{index}] ({source.name!r}): line {line_number} of {file.path} is not valid JSON "
+                        f"({e.msg}); fix the file or use kind='text' if it is not JSON Lines."
+                    ) from e
                 if not isinstance(record, dict) or source.text_field not in record:
                     keys = sorted(record) if isinstance(record, dict) else type(record).__name__
                     raise ValueError(
