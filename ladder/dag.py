@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ladder.spec import ExperimentSpec, fingerprint
+from ladder.spec import ExperimentSpec, ResourceSpec, fingerprint
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 
@@ -141,6 +141,7 @@ class FunctionStep(Step):
     fn: Callable[..., Any] | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
     version: str = "1"
+    resources: ResourceSpec = field(default_factory=ResourceSpec)
     kind: str = field(default="function", init=False)
 
     def __post_init__(self) -> None:

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from ladder.dag import DAG, FitStep, FunctionStep, Step, TrainStep
-from ladder.spec import SPEC_FORMAT_VERSION
-from ladder.store import Heartbeat, Store, lease_ttl_seconds, new_owner_id
+from ladder.spec import SPEC_FORMAT_VERSION, ResourceSpec
+from ladder.store import Heartbeat, Store, StoreError, lease_ttl_seconds, new_owner_id
 
 PLAN_STATES = ("done", "running", "failed", "pending", "blocked")
 
@@ -65,8 +65,11 @@ def plan(dag: DAG, store: Store, *, now: float | None = None) -> list[PlanRow]:
     for step in dag:
         fp = dag.fingerprints[step.name]
         run_dir = store.run_dir(step.name, fp)
-        status = store.read_status(run_dir)
-        state, detail = _classify(status, now, ttl)
+        try:
+            status = store.read_status(run_dir)
+            state, detail = _classify(status, now, ttl)
+        except StoreError as error:
+            status, state, detail = None, "failed", str(error)
         rows[step.name] = PlanRow(
             name=step.name,
             kind=step.kind,
@@ -145,6 +148,7 @@ class StepTask:
     dependency_fingerprints: dict[str, str]
     target: Step | None = None
     target_fingerprint: str | None = None
+    lease_ttl: float = field(default_factory=lease_ttl_seconds)
 
 
 def execute_step(task: StepTask) -> dict[str, Any]:
@@ -152,13 +156,13 @@ def execute_step(task: StepTask) -> dict[str, Any]:
     store = Store(task.store_url)
     step = task.step
     run_dir = store.run_dir(step.name, task.fingerprint)
-    outcome = store.acquire_lease(run_dir, task.owner)
+    outcome = store.acquire_lease(run_dir, task.owner, ttl=task.lease_ttl)
     if not outcome.acquired:
         if outcome.status.get("state") == "done":
             return {"outcome": "done", "result": store.read_json(f"{run_dir}/result.json")}
         return {"outcome": "held", "holder": outcome.holder, "heartbeat_age": outcome.heartbeat_age}
     _write_spec(store, run_dir, task)
-    with Heartbeat(store, run_dir, task.owner) as heartbeat:
+    with Heartbeat(store, run_dir, task.owner, interval=min(5.0, max(0.2, task.lease_ttl / 4))) as heartbeat:
         context = StepContext(
             name=step.name,
             fingerprint=task.fingerprint,
@@ -311,8 +315,8 @@ def run(
     for name in wanted:
         row = rows[name]
         state[name] = row.state
-        if row.state == "failed" and retry_failed:
-            state[name] = "pending"
+        if (row.state == "failed" and retry_failed) or row.state == "blocked":
+            state[name] = "pending"  # re-derived below from this run's view of its inputs
         if row.state == "done":
             report.skipped.append(name)
     _propagate_blocked(dag, wanted, state)
@@ -344,10 +348,7 @@ def run(
             target_fingerprint=dag.fingerprints[step.target] if isinstance(step, FitStep) else None,
         )
         options: dict[str, Any] = {"max_retries": 0, "name": f"ladder:{name}"}
-        if isinstance(step, TrainStep):
-            options.update(step.spec.resources.ray_options())
-        else:
-            options["num_cpus"] = 1
+        options.update(step_resources(step).ray_options())
         ref = remote_execute.options(**options).remote(task)
         inflight[ref] = (name, owner)
         state[name] = "running"
@@ -440,12 +441,20 @@ def _propagate_blocked(dag: DAG, wanted: list[str], state: dict[str, str]) -> No
             state[name] = "blocked"
 
 
+def step_resources(step: Step) -> ResourceSpec:
+    if isinstance(step, TrainStep):
+        return step.spec.resources
+    if isinstance(step, FunctionStep):
+        return step.resources
+    return ResourceSpec(cpus=1)
+
+
 def _check_multi_host(dag: DAG, wanted: list[str], state: dict[str, str]) -> None:
     for name in wanted:
-        step = dag[name]
-        if state[name] == "pending" and isinstance(step, TrainStep) and step.spec.resources.hosts > 1:
+        hosts = step_resources(dag[name]).hosts
+        if state[name] == "pending" and hosts > 1:
             raise ExecutionError(
-                f"step {name!r} asks for resources.hosts={step.spec.resources.hosts}; this executor runs single-host "
+                f"step {name!r} asks for resources.hosts={hosts}; this executor runs single-host "
                 "steps only so far (multi-host gangs are issue 7). Set hosts=1 to run it on one host."
             )
 

@@ -1,0 +1,140 @@
+"""The executor on an embedded Ray: runs what is ready, skips what is done, records failures, waits for holders."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from ladder.dag import DAG, FunctionStep
+from ladder.executor import plan, run
+from ladder.store import Store
+
+
+def write_value(ctx, value):
+    with open(os.path.join(ctx.run_dir, "value.txt"), "w") as handle:
+        handle.write(str(value))
+    return {"value": value}
+
+
+def add_inputs(ctx):
+    return {"value": sum(dep.result["value"] for dep in ctx.deps.values())}
+
+
+def fail_until_marker(ctx, marker):
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first attempt fails on purpose")
+    return {"value": 7}
+
+
+def count_runs(ctx, counter):
+    with open(counter, "a") as handle:
+        handle.write(f"{ctx.name}\n")
+    return {"value": 1}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def embedded_ray():
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _lines(path):
+    return open(path).read().split() if os.path.exists(path) else []
+
+
+def test_diamond_runs_in_order_then_everything_is_skipped(tmp_path):
+    counter = str(tmp_path / "counter")
+    dag = DAG([
+        FunctionStep(name="a", fn=write_value, config={"value": 1}),
+        FunctionStep(name="b", fn=write_value, config={"value": 2}),
+        FunctionStep(name="sum", fn=add_inputs, deps=("a", "b")),
+        FunctionStep(name="count", fn=count_runs, config={"counter": counter}, deps=("sum",)),
+    ])
+    store = Store(str(tmp_path / "root"))
+    assert [r.state for r in plan(dag, store)] == ["pending"] * 4
+    report = run(dag, store, log=lambda line: None)
+    assert report.ok and report.states == {n: "done" for n in dag.order}
+    assert store.read_json(f"{store.run_dir('sum', dag.fingerprints['sum'])}/result.json") == {"value": 3}
+    status = store.read_status(store.run_dir("sum", dag.fingerprints["sum"]))
+    assert status["attempts"] == 1 and status["lease"] is None and status["host"] and status["finished_at"] >= status["started_at"]
+    spec = store.read_json(f"{store.run_dir('sum', dag.fingerprints['sum'])}/spec.json")
+    assert spec["dependencies"] == {"a": dag.fingerprints["a"], "b": dag.fingerprints["b"]}
+    again = run(dag, store, log=lambda line: None)
+    assert again.ok and again.launched == [] and sorted(again.skipped) == sorted(dag.order)
+    assert _lines(counter) == ["count"]
+
+
+def test_failure_is_recorded_blocks_dependants_and_retries_on_request(tmp_path):
+    marker = str(tmp_path / "marker")
+    dag = DAG([
+        FunctionStep(name="flaky", fn=fail_until_marker, config={"marker": marker}),
+        FunctionStep(name="after", fn=add_inputs, deps=("flaky",)),
+    ])
+    store = Store(str(tmp_path / "root"))
+    report = run(dag, store, log=lambda line: None)
+    assert report.states == {"flaky": "failed", "after": "blocked"}
+    status = store.read_status(store.run_dir("flaky", dag.fingerprints["flaky"]))
+    assert status["state"] == "failed" and "first attempt fails on purpose" in status["last_error"]
+    assert [r.state for r in plan(dag, store)] == ["failed", "blocked"]
+    assert run(dag, store, log=lambda line: None).states["flaky"] == "failed", "no retry unless asked"
+    retried = run(dag, store, retry_failed=True, log=lambda line: None)
+    assert retried.ok
+    status = store.read_status(store.run_dir("flaky", dag.fingerprints["flaky"]))
+    assert status["attempts"] == 2 and status["state"] == "done"
+
+
+def test_a_step_held_by_a_live_owner_is_waited_for_not_run_twice(tmp_path, monkeypatch):
+    monkeypatch.setenv("LADDER_LEASE_TTL", "30")
+    counter = str(tmp_path / "counter")
+    dag = DAG([FunctionStep(name="only", fn=count_runs, config={"counter": counter})])
+    store = Store(str(tmp_path / "root"))
+    run_dir = store.run_dir("only", dag.fingerprints["only"])
+    assert store.acquire_lease(run_dir, "someone-else").acquired
+    assert plan(dag, store)[0].state == "running"
+
+    def other_submitter_finishes():
+        time.sleep(1.5)
+        store.heartbeat(run_dir, "someone-else")
+        store.write_json(f"{run_dir}/result.json", {"value": 1, "by": "someone-else"})
+        store.finish(run_dir, "someone-else", "done")
+
+    thread = threading.Thread(target=other_submitter_finishes)
+    thread.start()
+    report = run(dag, store, log=lambda line: None, poll_seconds=0.2)
+    thread.join()
+    assert report.ok and report.launched == []
+    assert _lines(counter) == []
+
+
+def test_a_dead_holder_is_taken_over(tmp_path, monkeypatch):
+    monkeypatch.setenv("LADDER_LEASE_TTL", "1")
+    counter = str(tmp_path / "counter")
+    dag = DAG([FunctionStep(name="only", fn=count_runs, config={"counter": counter})])
+    store = Store(str(tmp_path / "root"))
+    run_dir = store.run_dir("only", dag.fingerprints["only"])
+    store.acquire_lease(run_dir, "dead-owner")  # never heartbeats again
+    report = run(dag, store, log=lambda line: None, poll_seconds=0.2)
+    assert report.ok and _lines(counter) == ["only"]
+    status = store.read_status(run_dir)
+    assert status["attempts"] == 2 and any(h["event"] == "lease_taken_over" for h in status["history"])
+
+
+def test_memory_root(tmp_path):
+    dag = DAG([FunctionStep(name="a", fn=add_inputs)])
+    store = Store(f"memory://executor-{time.time_ns()}")
+    # memory:// lives in one process: run the step in-process the way a worker would
+    from ladder.executor import StepTask, execute_step
+
+    outcome = execute_step(StepTask(step=dag["a"], fingerprint=dag.fingerprints["a"], store_url=store.url, owner="me", deps={}, dependency_fingerprints={}))
+    assert outcome == {"outcome": "done", "result": {"value": 0}}
+    assert plan(dag, store)[0].state == "done"
