@@ -53,6 +53,18 @@ class MoEConfig(Frozen):
         "Marin's quantile balancing, 'none' = no bias.",
     )
     bias_update_rate: float = Field(1e-3, ge=0, description="Gamma of the sign-rule bias update per step.")
+    quantile_bins: int | None = Field(
+        None,
+        ge=2,
+        description="Quantile balancing: None = exact per-expert quantile (sort); an int = Marin's fixed-range "
+        "histogram estimator with this many bins (the hero used 10_000).",
+    )
+    normalize_weights: bool = Field(
+        True, description="Renormalise the k selected combine weights to sum to 1 (DeepSeek-V3 sigmoid, Qwen3)."
+    )
+    route_scale: float = Field(
+        1.0, gt=0, description="Multiplier on the combine weights after normalisation (DeepSeek-V3: 2.5)."
+    )
     aux_loss: Literal["none", "switch", "sequence"] = Field(
         "none", description="Optional auxiliary load-balancing loss."
     )
@@ -73,6 +85,11 @@ class MoEConfig(Frozen):
             raise ValueError(
                 f"moe.top_k={self.top_k} exceeds moe.num_experts={self.num_experts}; "
                 "lower top_k or add experts."
+            )
+        if self.balancing == "quantile" and self.top_k >= self.num_experts:
+            raise ValueError(
+                f"moe.balancing='quantile' takes the top-(k+1) scores, so moe.top_k={self.top_k} must be below "
+                f"moe.num_experts={self.num_experts}; lower top_k or use balancing='bias'."
             )
         if self.aux_loss != "none" and self.aux_loss_weight == 0:
             raise ValueError("moe.aux_loss is set but moe.aux_loss_weight is 0; give a positive weight or aux_loss='none'.")
