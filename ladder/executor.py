@@ -287,7 +287,12 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     kwargs: dict[str, Any] = dict(include_dashboard=False, configure_logging=True, logging_level="WARNING", log_to_driver=True)
     if address:
         kwargs["address"] = address
+        host = address.removeprefix("ray://").split(":")[0]
+        if host.startswith("127."):
+            kwargs["_node_ip_address"] = host  # a cluster on loopback: the driver's node is on loopback too
     else:
+        kwargs["address"] = "local"  # a new embedded instance, even if `ray start` left one running here
+        kwargs["_node_ip_address"] = "127.0.0.1"  # embedded Ray: keep all its traffic on loopback
         os.environ.pop("RAY_ADDRESS", None)
         if num_cpus is not None:
             kwargs["num_cpus"] = num_cpus

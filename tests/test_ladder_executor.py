@@ -43,7 +43,7 @@ def embedded_ray():
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     yield
     ray.shutdown()
 
