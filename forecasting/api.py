@@ -1,0 +1,479 @@
+"""High-level forecasting API: what the orchestrator's CLI and fit step call.
+
+Why a thin layer: users ask four questions (what law does my ladder follow, what will the target
+reach, what does the live prefix change, how wrong is this method here), and each answer must carry
+its intervals and its warnings, print as a table and serialise to JSON. The numerics live in the
+modules below; this file picks a method, runs the bootstrap and the backtests, and composes bands.
+
+Band composition (every forecast; relative sigmas added in quadrature, band = +-1.96 sigma):
+- bootstrap over runs (refit on run-level resamples, the spread of the prediction),
+- extrapolation in compute: the method's own backtest error on this ladder, per decade of compute
+  extrapolated (fit the smaller runs, predict the larger), times the target's distance in decades
+  beyond the largest run. This is what lets a band admit that the ladder cannot see changes between
+  the rungs and the target; it is measured, never a constant,
+- extrapolation below the first progress fraction the ladder logged (matched progress only): the
+  extension rule's own error on the rungs, per unit of ln g, times the distance in ln g.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings as _warnings
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+
+import fsspec
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from forecasting import backtest as bt
+from forecasting.bootstrap import Interval, percentile_interval, run_weights
+from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
+from forecasting.forecast import BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table
+from forecasting.matched_progress import early_extension_error, fit_profiled
+from forecasting.refit import fit_curve, schedule_features
+from forecasting.table import TableError, from_run_dirs, read_table_file, validate_table
+
+Z95 = 1.959963984540054
+METHODS = ("matched_progress", "chinchilla", "compute")
+
+
+class LadderFit(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    law: str = Field(description="Law name: chinchilla, compute or matched_progress.")
+    formula: str = Field(description="The fitted law, readable.")
+    params: dict[str, Interval] = Field(description="Parameters with 95% bootstrap-over-runs intervals.")
+    residuals: list[dict] = Field(description="Per run: run, loss, predicted, rel_error (final points).")
+    n_runs: int
+    n_points: int
+    n_bootstrap: int = Field(description="Bootstrap refits that succeeded.")
+    objective: float | None = Field(None, description="Huber objective at the optimum (chinchilla).")
+    warnings: list[str] = Field(default_factory=list)
+
+    def to_json(self, **kw) -> str:
+        return self.model_dump_json(**kw)
+
+    def params_table(self) -> pd.DataFrame:
+        return pd.DataFrame([{"param": k, **v.model_dump()} for k, v in self.params.items()])
+
+
+class BacktestReport(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    method: str
+    results: list[BacktestResult]
+    warnings: list[str] = Field(default_factory=list)
+
+    def to_json(self, **kw) -> str:
+        return self.model_dump_json(**kw)
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame([r.model_dump() for r in self.results])
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_table(path_or_dirs: str | Sequence[str] | pd.DataFrame) -> pd.DataFrame:
+    """A CSV/parquet file, a run directory, a directory of run directories, or a list of run directories."""
+    if isinstance(path_or_dirs, pd.DataFrame):
+        return validate_table(path_or_dirs)
+    if isinstance(path_or_dirs, (list, tuple)):
+        return from_run_dirs([str(p) for p in path_or_dirs])
+    path = str(path_or_dirs)
+    if PurePosixPath(path).suffix.lower() in (".csv", ".parquet", ".pq", ".tsv"):
+        return read_table_file(path)
+    fs, p = fsspec.core.url_to_fs(path)
+    if fs.exists(p.rstrip("/") + "/spec.json"):
+        return from_run_dirs([path])
+    if fs.isdir(p):
+        proto = path.split("://")[0] + "://" if "://" in path else ""
+        subdirs = sorted(
+            proto + d for d in fs.ls(p, detail=False) if fs.exists(d.rstrip("/") + "/spec.json")
+        )
+        if subdirs:
+            return from_run_dirs(subdirs)
+    raise TableError(f"{path}: not a .csv/.parquet table, a run directory or a directory of run directories")
+
+
+# ---------------------------------------------------------------- method choice
+
+
+def _n_grid_runs(table: pd.DataFrame) -> int:
+    if not {"fraction", "flops"} <= set(table.columns):
+        return 0
+    counts = table.groupby("run")["fraction"].nunique()
+    return int((counts >= 2).sum())
+
+
+def choose_method(table: pd.DataFrame) -> str:
+    """matched_progress for ladders of whole curves, else chinchilla (N, D vary), else compute."""
+    if _n_grid_runs(table) >= 3:
+        return "matched_progress"
+    final = bt._final_points(table)
+    if {"params_active", "tokens"} <= set(final.columns) and len(final) >= 6 and final["params_active"].nunique() >= 2:
+        return "chinchilla"
+    if len(final) >= 3:
+        return "compute"
+    raise FitError(
+        f"cannot fit any law: {table['run'].nunique()} run(s); need >= 3 runs with curves (matched progress), "
+        ">= 6 finished runs over >= 2 sizes (chinchilla) or >= 3 finished runs (compute law)"
+    )
+
+
+def _final_table(table: pd.DataFrame, warn: list[str]) -> pd.DataFrame:
+    final = bt._final_points(table)
+    dropped = sorted(set(table["run"]) - set(final["run"]))
+    if dropped:
+        warn.append(f"runs not finished (fraction < 0.999) left out of the final-loss fit: {dropped}")
+    return final
+
+
+def _run_compute_final(final: pd.DataFrame) -> np.ndarray:
+    if "flops" in final.columns:
+        return final["flops"].to_numpy(float)
+    return 6 * final["params_active"].to_numpy(float) * final["tokens"].to_numpy(float)
+
+
+# ---------------------------------------------------------------- fit_ladder
+
+
+def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200, seed: int = 0) -> LadderFit:
+    """Fit a law to the ladder with bootstrap-over-runs intervals on every parameter."""
+    table = validate_table(table)
+    law = choose_method(table) if law == "auto" else law
+    warn: list[str] = []
+    if law == "chinchilla":
+        final = _final_table(table, warn)
+        n, d, y = (final[c].to_numpy(float) for c in ("params_active", "tokens", "loss"))
+        fit, diag = fit_chinchilla(n, d, y)
+        if not diag.converged:
+            raise FitError(f"the Chinchilla fit did not converge: {diag.message}")
+        names = ("E", "A", "B", "alpha", "beta")
+        samples: dict[str, list[float]] = {k: [] for k in names}
+        start = np.array([math.log(fit.A), math.log(fit.B), math.log(fit.E), fit.alpha, fit.beta])
+        for w in run_weights(final["run"], n_bootstrap, seed, min_distinct=6):
+            try:
+                b, bd = fit_chinchilla(n, d, y, weights=w, n_polish=2, start=start)
+            except FitError:
+                continue
+            if bd.converged:
+                for k in names:
+                    samples[k].append(getattr(b, k))
+        params = {k: percentile_interval(np.array(samples[k]), getattr(fit, k)) for k in names}
+        pred = fit.predict(n, d)
+        n_ok = len(samples["E"])
+        _warn_boot(n_ok, n_bootstrap, warn)
+        return LadderFit(
+            law="chinchilla", formula=fit.formula(), params=params, residuals=_residuals(final, pred),
+            n_runs=len(final), n_points=len(final), n_bootstrap=n_ok, objective=diag.objective, warnings=warn,
+        )
+    if law == "compute":
+        final = _final_table(table, warn)
+        c, y = _run_compute_final(final), final["loss"].to_numpy(float)
+        fit = fit_compute_law(c, y)
+        samples = {k: [] for k in ("E", "A", "alpha")}
+        for w in run_weights(final["run"], n_bootstrap, seed, min_distinct=3):
+            try:
+                b = fit_compute_law(c, y, weights=w)
+            except FitError:
+                continue
+            for k in samples:
+                samples[k].append(getattr(b, k))
+        params = {k: percentile_interval(np.array(v), getattr(fit, k)) for k, v in samples.items()}
+        _warn_boot(len(samples["E"]), n_bootstrap, warn)
+        return LadderFit(
+            law="compute", formula=fit.formula(), params=params, residuals=_residuals(final, fit.predict(c)),
+            n_runs=len(final), n_points=len(final), n_bootstrap=len(samples["E"]), warnings=warn,
+        )
+    if law == "matched_progress":
+        fit = fit_profiled(table)
+        samples = {k: [] for k in ("E", "alpha_final", "log_A_final")}
+        runs = sorted(table["run"].unique())
+        for w in run_weights(runs, n_bootstrap, seed, min_distinct=3):
+            try:
+                b = fit_profiled(table, weights=dict(zip(runs, w, strict=True)))
+            except FitError:
+                continue
+            samples["E"].append(b.E)
+            samples["alpha_final"].append(b.alpha[-1])
+            samples["log_A_final"].append(b.log_A[-1])
+        point = {"E": fit.E, "alpha_final": fit.alpha[-1], "log_A_final": fit.log_A[-1]}
+        params = {k: percentile_interval(np.array(v), point[k]) for k, v in samples.items()}
+        _warn_boot(len(samples["E"]), n_bootstrap, warn)
+        if len(runs) < 5:
+            warn.append(f"only {len(runs)} rungs: run-level bootstrap intervals are coarse")
+        last = table.sort_values("step").groupby("run").tail(1)
+        comp = (last["flops"] / last["fraction"]).to_numpy()
+        pred = np.array([fit.predict(f, c)[0] for f, c in zip(last["fraction"], comp, strict=True)])
+        return LadderFit(
+            law="matched_progress", formula=fit.formula(), params=params, residuals=_residuals(last, pred),
+            n_runs=len(runs), n_points=len(table), n_bootstrap=len(samples["E"]), warnings=warn,
+        )
+    raise ValueError(f"unknown law {law!r}; choose from {METHODS} or 'auto'")
+
+
+def _residuals(final: pd.DataFrame, pred: np.ndarray) -> list[dict]:
+    return [
+        {"run": str(r), "loss": float(y), "predicted": float(p), "rel_error": float(p / y - 1)}
+        for r, y, p in zip(final["run"], final["loss"], pred, strict=True)
+    ]
+
+
+def _warn_boot(n_ok: int, n_req: int, warn: list[str]) -> None:
+    if n_req and n_ok < 0.9 * n_req:
+        warn.append(f"{n_req - n_ok} of {n_req} bootstrap refits failed or did not converge; intervals are less reliable")
+    if n_req and n_ok < 10:
+        warn.append("fewer than 10 bootstrap refits: intervals are not meaningful")
+
+
+# ---------------------------------------------------------------- forecasts
+
+
+def _curve_steps(num_steps: int, extra_fractions: Sequence[float] = ()) -> np.ndarray:
+    if num_steps <= 1:
+        return np.array([1])
+    geo = np.geomspace(max(1.0, num_steps / 1000.0), num_steps, 160)
+    lin = np.linspace(num_steps / 50, num_steps, 50)
+    fr = np.asarray(extra_fractions, dtype=float) * num_steps
+    return np.unique(np.clip(np.round(np.r_[geo, lin, fr]), 1, num_steps).astype(int))
+
+
+def _band(pred: np.ndarray, rel_sigmas: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    total = np.sqrt(sum(np.square(v) for v in rel_sigmas.values()))
+    return pred * (1 - Z95 * total), pred * (1 + Z95 * total), total
+
+
+def _curve(steps, pred, lo, hi, target: TargetSpec) -> list[CurvePoint]:
+    tps = target.tokens_per_step or (target.tokens / target.steps() if target.num_steps else None)
+    fpt = target.planned_flops() / target.tokens
+    out = []
+    for s, p, a, b in zip(steps, pred, lo, hi, strict=True):
+        tok = float(s * tps) if tps else None
+        out.append(CurvePoint(step=int(s), tokens=tok, flops=float(tok * fpt) if tok else None, loss=float(p), lo=float(a), hi=float(b)))
+    return out
+
+
+def forecast_target(
+    table: pd.DataFrame, target: TargetSpec, *, method: str = "auto", n_bootstrap: int = 200, seed: int = 0
+) -> Forecast:
+    """Forecast the target's loss curve (with bands) and final loss (with interval) from the ladder alone."""
+    table = validate_table(table)
+    method = choose_method(table) if method == "auto" else method
+    if method == "matched_progress":
+        return _forecast_matched_progress(table, target, n_bootstrap, seed)
+    if method in ("chinchilla", "compute"):
+        return _forecast_final_law(table, target, method, n_bootstrap, seed)
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS} or 'auto'")
+
+
+def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: int, seed: int) -> Forecast:
+    warn: list[str] = []
+    if target.num_steps is None:
+        raise FitError("matched progress forecasts a curve in training fraction: the target needs num_steps")
+    fit = fit_profiled(table)
+    c_target = target.planned_flops()
+    T = target.steps()
+    steps = _curve_steps(T, fit.fractions)
+    g = steps / T
+    pred = fit.predict(g, c_target)
+    runs = sorted(table["run"].unique())
+    boot = []
+    for w in run_weights(runs, n_boot, seed, min_distinct=3):
+        try:
+            b = fit_profiled(table, weights=dict(zip(runs, w, strict=True)))
+        except FitError:
+            continue
+        boot.append((b.predict(g, c_target), b.E, b.alpha[-1]))
+    _warn_boot(len(boot), n_boot, warn)
+    sig: dict[str, np.ndarray] = {}
+    if boot:
+        curves = np.array([x[0] for x in boot])
+        q_lo, q_hi = np.quantile(curves, [0.025, 0.975], axis=0)
+        sig["bootstrap"] = (q_hi - q_lo) / (2 * Z95) / pred
+    comp = bt.run_compute(table)
+    backtests: list[BacktestResult] = []
+    decades = max(0.0, math.log10(c_target / float(comp.max())))
+    try:
+        res = bt.backtest_matched_progress(table)
+        backtests.append(res)
+        sig["compute_extrapolation"] = np.full_like(pred, res.rate * decades)
+    except FitError as e:
+        warn.append(f"no compute backtest possible ({e}); the band omits the extrapolation term and is too narrow")
+    rate_g = early_extension_error(table, fit)
+    below = np.maximum(0.0, np.log(fit.fractions[0] / g))
+    if np.any(below > 0):
+        if np.isfinite(rate_g):
+            sig["below_first_fraction"] = rate_g * below
+        else:
+            warn.append("the early curve (below the ladder's first logged fraction) has no backtest; band there too narrow")
+    lo, hi, total = _band(pred, sig)
+    final = float(pred[-1])
+    params = {
+        "E": percentile_interval(np.array([x[1] for x in boot]), fit.E) if boot else _no_interval(fit.E),
+        "alpha_final": percentile_interval(np.array([x[2] for x in boot]), fit.alpha[-1]) if boot else _no_interval(fit.alpha[-1]),
+    }
+    return Forecast(
+        target=target, method="matched_progress", inputs_fingerprint=fingerprint_table(table),
+        curve=_curve(steps, pred, lo, hi, target), final_loss=final, final_loss_lo=float(lo[-1]), final_loss_hi=float(hi[-1]),
+        law=fit.formula(), params=params, backtest=backtests,
+        band_terms={k: float(v[-1]) for k, v in sig.items()} | {"total": float(total[-1])}, warnings=warn,
+    )
+
+
+def _no_interval(v: float) -> Interval:
+    return Interval(value=float(v), lo=float("-inf"), hi=float("inf"))
+
+
+def _forecast_final_law(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: int, seed: int) -> Forecast:
+    warn: list[str] = []
+    final = _final_table(table, warn)
+    n, d, y = (final[c].to_numpy(float) if c in final.columns else None for c in ("params_active", "tokens", "loss"))
+    c_runs = _run_compute_final(final)
+    c_target = target.planned_flops()
+    if law == "chinchilla":
+        fit, diag = fit_chinchilla(n, d, y)
+        if not diag.converged:
+            raise FitError(f"the Chinchilla fit did not converge: {diag.message}")
+        point = float(fit.predict(target.params_active, target.tokens))
+        start = np.array([math.log(fit.A), math.log(fit.B), math.log(fit.E), fit.alpha, fit.beta])
+
+        def refit(w):
+            b, bd = fit_chinchilla(n, d, y, weights=w, n_polish=2, start=start)
+            if not bd.converged:
+                raise FitError("bootstrap refit did not converge")
+            return b, float(b.predict(target.params_active, target.tokens))
+
+        names, min_distinct = ("E", "A", "B", "alpha", "beta"), 6
+    else:
+        fit = fit_compute_law(c_runs, y)
+        point = float(fit.predict(c_target))
+
+        def refit(w):
+            b = fit_compute_law(c_runs, y, weights=w)
+            return b, float(b.predict(c_target))
+
+        names, min_distinct = ("E", "A", "alpha"), 3
+    samples, preds = {k: [] for k in names}, []
+    for w in run_weights(final["run"], n_boot, seed, min_distinct=min_distinct):
+        try:
+            b, p = refit(w)
+        except FitError:
+            continue
+        preds.append(p)
+        for k in names:
+            samples[k].append(getattr(b, k))
+    _warn_boot(len(preds), n_boot, warn)
+    sig: dict[str, float] = {}
+    if preds:
+        q_lo, q_hi = np.quantile(preds, [0.025, 0.975])
+        sig["bootstrap"] = (q_hi - q_lo) / (2 * Z95) / point
+    backtests = []
+    try:
+        res = bt.backtest_final_law(table, law)
+        backtests.append(res)
+        decades = max(0.0, math.log10(c_target / float(c_runs.max())))
+        sig["compute_extrapolation"] = res.rate * decades
+    except (FitError, ValueError) as e:
+        warn.append(f"no compute backtest possible ({e}); the band omits the extrapolation term and is too narrow")
+    lo, hi, total = _band(np.array([point]), {k: np.array([v]) for k, v in sig.items()})
+    T = target.steps()
+    params = {k: percentile_interval(np.array(v), getattr(fit, k)) for k, v in samples.items()}
+    return Forecast(
+        target=target, method=law, inputs_fingerprint=fingerprint_table(table),
+        curve=_curve(np.array([T]), np.array([point]), lo, hi, target),
+        final_loss=point, final_loss_lo=float(lo[0]), final_loss_hi=float(hi[0]),
+        law=fit.formula(), params=params, backtest=backtests,
+        band_terms=dict(sig) | {"total": float(total[0])}, warnings=warn,
+    )
+
+
+# ---------------------------------------------------------------- refits
+
+
+def refit_forecast(
+    table: pd.DataFrame,
+    target: TargetSpec,
+    live: pd.DataFrame,
+    *,
+    prior: Forecast | None = None,
+    n_bootstrap: int = 200,
+    seed: int = 0,
+) -> Forecast:
+    """A new forecast from the ladder prior plus the target's live prefix (see forecasting.refit)."""
+    table = validate_table(table)
+    live = validate_table(live)
+    warn: list[str] = []
+    if prior is None:
+        prior = forecast_target(table, target, n_bootstrap=n_bootstrap, seed=seed)
+    T = target.steps()
+    s1, s2 = schedule_features(np.asarray(target.lr) if target.lr is not None else None, T)
+    if target.lr is None:
+        warn.append("no LR schedule for the target: the live curve is a power law in steps (no annealing term)")
+    st = live["step"].to_numpy(int)
+    y = live["loss"].to_numpy(float)
+    last = int(st.max())
+    if last >= T:
+        warn.append("the live run reached its planned steps; the refit only smooths observed points")
+    model, live_rms = fit_curve(st, y, s1, s2)
+    steps = _curve_steps(T, np.arange(1, 21) * 0.05)
+    steps = np.unique(np.r_[steps, st])
+    live_pred = model.predict(steps)
+    live_sig = {"posterior": model.log_sigma(steps), "eval_noise": np.full(len(steps), live_rms)}
+    backtests = list(prior.backtest)
+    try:
+        pb = bt.backtest_prefix(table)
+        backtests.append(pb)
+        live_sig["beyond_prefix"] = pb.rate * np.log(np.maximum(steps, last) / last)
+    except FitError as e:
+        warn.append(f"no prefix backtest possible ({e}); the live curve's band beyond the prefix is too narrow")
+    sig_live = np.sqrt(sum(np.square(v) for v in live_sig.values()))
+    p_loss, p_lo, p_hi = (np.array([prior.band_at(s)[k] for s in steps]) for k in range(3))
+    sig_prior = np.maximum((p_hi - p_lo) / (2 * Z95) / p_loss, 1e-12)
+    # Gaussian product of the two forecasts at each step (inverse-variance weights)
+    w_live, w_prior = 1 / np.maximum(sig_live, 1e-12) ** 2, 1 / sig_prior**2
+    pred = (w_live * live_pred + w_prior * p_loss) / (w_live + w_prior)
+    sig = {"combined": 1 / np.sqrt(w_live + w_prior)}
+    lo, hi, total = _band(pred, sig)
+    weight_live_final = float(w_live[-1] / (w_live[-1] + w_prior[-1]))
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")
+        params = {
+            name: Interval(value=float(v), lo=float(v - Z95 * math.sqrt(max(model.cov[i, i], 0))), hi=float(v + Z95 * math.sqrt(max(model.cov[i, i], 0))))
+            for i, (name, v) in enumerate(zip(("E", "log_B", "b", "C"), model.theta, strict=True))
+        }
+    return Forecast(
+        target=target, method="refit", inputs_fingerprint=fingerprint_table(table, live),
+        curve=_curve(steps, pred, lo, hi, target), final_loss=float(pred[-1]), final_loss_lo=float(lo[-1]),
+        final_loss_hi=float(hi[-1]),
+        law=f"inverse-variance blend of the live curve [{model.formula()}] and the ladder forecast [{prior.law}]",
+        params=params, backtest=backtests,
+        band_terms={f"live_{k}": float(v[-1]) for k, v in live_sig.items()}
+        | {"prior": float(sig_prior[-1]), "total": float(total[-1]), "live_weight_final": weight_live_final, "live_points": float(len(st))},
+        warnings=warn + [w for w in prior.warnings if w not in warn],
+    )
+
+
+# ---------------------------------------------------------------- backtests
+
+
+def backtest(table: pd.DataFrame, *, method: str = "auto") -> BacktestReport:
+    """Ordered-extrapolation backtests of a method on this ladder (compute, and prefix when curves exist)."""
+    table = validate_table(table)
+    method = choose_method(table) if method == "auto" else method
+    results, warn = [], []
+    try:
+        if method == "matched_progress":
+            results.append(bt.backtest_matched_progress(table))
+        elif method in ("chinchilla", "compute"):
+            results.append(bt.backtest_final_law(table, method))
+        else:
+            raise ValueError(f"unknown method {method!r}")
+    except FitError as e:
+        warn.append(f"compute backtest not possible: {e}")
+    if table.groupby("run")["step"].nunique().max() >= 8:
+        try:
+            results.append(bt.backtest_prefix(table))
+        except FitError as e:
+            warn.append(f"prefix backtest not possible: {e}")
+    return BacktestReport(method=method, results=results, warnings=warn)

@@ -1,0 +1,133 @@
+"""Backtests by ordered extrapolation: how wrong a method is on this very ladder.
+
+Why ordered and not cross-validated: a forecast extrapolates (to a larger run, to the end of a curve),
+so a backtest must too. Two kinds:
+- compute: sort runs by planned compute; fit on the smaller ones, predict the larger ones they did not
+  see. Error per decade of compute extrapolated (`rate`) is what forecasts use to widen their bands.
+- prefix: fit each run's curve prefix (no ladder prior), predict the rest of that run. Error per unit
+  of ln(step / last prefix step) widens refit bands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
+from forecasting.forecast import BacktestResult
+from forecasting.matched_progress import fit_profiled
+from forecasting.refit import fit_curve, lr_per_step, schedule_features
+
+
+def run_compute(table: pd.DataFrame) -> pd.Series:
+    """Planned total compute per run: flops/fraction at its last point, else 6*N*D at its last point."""
+    last = table.sort_values("step").groupby("run").tail(1).set_index("run")
+    if "flops" in last.columns and "fraction" in last.columns:
+        return (last["flops"] / last["fraction"]).sort_values()
+    if "flops" in last.columns:
+        return last["flops"].sort_values()
+    if "params_active" in last.columns and "tokens" in last.columns:
+        return (6 * last["params_active"] * last["tokens"]).sort_values()
+    raise FitError("a compute backtest needs flops, or params_active and tokens, per run")
+
+
+def _summarise(method: str, kind: str, held: list[str], rel: list[float], dist: list[float]) -> BacktestResult:
+    r = np.asarray(rel, dtype=float)
+    d = np.asarray(dist, dtype=float)
+    ok = np.isfinite(r) & (d > 0)
+    if not ok.any():
+        raise FitError(f"backtest of {method}: nothing could be scored")
+    r, d = r[ok], d[ok]
+    return BacktestResult(
+        method=method,
+        kind=kind,
+        held_out=held,
+        mean_rel_error=float(r.mean()),
+        rms_rel_error=float(np.sqrt(np.mean(r**2))),
+        max_abs_rel_error=float(np.abs(r).max()),
+        distance=float(d.mean()),
+        rate=float(np.sqrt(np.mean((r / d) ** 2))),
+        n_points=int(len(r)),
+    )
+
+
+def backtest_matched_progress(table: pd.DataFrame, *, min_runs: int = 3) -> BacktestResult:
+    """Fit the profiled matched-progress law on the k smallest runs, predict run k+1 (every k >= min_runs)."""
+    comp = run_compute(table)
+    runs = list(comp.index)
+    if len(runs) < min_runs + 1:
+        raise FitError(f"a compute backtest of matched progress needs at least {min_runs + 1} runs; got {len(runs)}")
+    held, rel, dist = [], [], []
+    for k in range(min_runs, len(runs)):
+        fit = fit_profiled(table[table["run"].isin(runs[:k])], min_runs=min_runs)
+        target = table[table["run"] == runs[k]]
+        pred = fit.predict(target["fraction"].to_numpy(), float(comp.iloc[k]))
+        # only fractions the ladder spans: below-grid extension is backtested separately
+        inside = target["fraction"].to_numpy() >= fit.fractions[0] - 1e-9
+        rel.extend((pred / target["loss"].to_numpy() - 1)[inside])
+        dist.extend([np.log10(comp.iloc[k] / comp.iloc[k - 1])] * int(inside.sum()))
+        held.append(runs[k])
+    return _summarise("matched_progress", "compute", held, rel, dist)
+
+
+def _final_points(table: pd.DataFrame) -> pd.DataFrame:
+    last = table.sort_values("step").groupby("run").tail(1)
+    if "fraction" in last.columns:
+        last = last[last["fraction"] >= 0.999]
+    return last
+
+
+def backtest_final_law(table: pd.DataFrame, law: str, *, holdout_fraction: float = 0.2) -> BacktestResult:
+    """Fit a final-loss law (chinchilla or compute) on the smaller-compute runs, predict the largest ones."""
+    final = _final_points(table)
+    comp = run_compute(final)
+    n_hold = max(1, int(round(holdout_fraction * len(comp))))
+    fit_runs, held = list(comp.index[:-n_hold]), list(comp.index[-n_hold:])
+    f = final.set_index("run")
+    c_max = float(comp.iloc[: len(fit_runs)].max())
+    if law == "chinchilla":
+        fitted, _ = fit_chinchilla(f.loc[fit_runs, "params_active"], f.loc[fit_runs, "tokens"], f.loc[fit_runs, "loss"])
+        pred = fitted.predict(f.loc[held, "params_active"], f.loc[held, "tokens"])
+    elif law == "compute":
+        fitted = fit_compute_law(comp.loc[fit_runs].to_numpy(), f.loc[fit_runs, "loss"].to_numpy())
+        pred = fitted.predict(comp.loc[held].to_numpy())
+    else:
+        raise ValueError(f"unknown final-loss law {law!r}")
+    rel = np.asarray(pred) / f.loc[held, "loss"].to_numpy() - 1
+    dist = np.log10(comp.loc[held].to_numpy() / c_max)
+    # a held-out run at the same compute as the largest fitted one still extrapolates a little
+    dist = np.maximum(dist, 0.05)
+    return _summarise(law, "compute", held, list(rel), list(dist))
+
+
+def backtest_prefix(
+    table: pd.DataFrame,
+    *,
+    prefix_fraction: float = 0.4,
+    lr_of: Callable[[str, int], np.ndarray | None] | None = None,
+) -> BacktestResult:
+    """Fit each run's first `prefix_fraction` of evals (the live-curve law, no prior), predict the rest."""
+    held, rel, dist = [], [], []
+    for run, c in table.sort_values("step").groupby("run"):
+        steps = c["step"].to_numpy()
+        n_pre = int(np.floor(prefix_fraction * len(steps)))
+        if n_pre < 4 or n_pre >= len(steps):
+            continue
+        num_steps = int(c["num_steps"].iloc[0]) if "num_steps" in c.columns else int(steps.max())
+        lr = lr_of(run, num_steps) if lr_of is not None else None
+        if lr is None and "lr" in c.columns:
+            lr = lr_per_step(steps, c["lr"].to_numpy(), num_steps)
+        s1, s2 = schedule_features(lr, max(num_steps, int(steps.max())))
+        try:
+            model, _ = fit_curve(steps[:n_pre], c["loss"].to_numpy()[:n_pre], s1, s2)
+        except FitError:
+            continue
+        future = steps[n_pre:]
+        rel.extend(model.predict(future) / c["loss"].to_numpy()[n_pre:] - 1)
+        dist.extend(np.log(future / steps[n_pre - 1]))
+        held.append(str(run))
+    if not held:
+        raise FitError("prefix backtest: no run had enough evals (>= 4 in its prefix)")
+    return _summarise("refit", "prefix", held, rel, dist)

@@ -1,0 +1,139 @@
+"""The Forecast: what a user (or the overlay, or a script) reads about a run that has not finished.
+
+Why one typed object: every forecast and refit is stored as a new version by the caller's store, shown
+by the CLI as a table, emitted as JSON, and compared later with what the run did. So it carries its
+own provenance (method, law, parameters with intervals, fingerprint of the inputs, creation time),
+the whole predicted curve with bands (not one number), and how wrong its method was on this very
+ladder (the backtest) when that is known. `to_json()` / `from_json()` round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from forecasting.bootstrap import Interval
+
+
+class CurvePoint(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    step: int = Field(description="Optimizer step of the target run.")
+    tokens: float | None = Field(None, description="Tokens seen at this step (None when unknown).")
+    flops: float | None = Field(None, description="Cumulative FLOPs at this step (None when unknown).")
+    loss: float = Field(description="Predicted loss.")
+    lo: float = Field(description="Lower edge of the band.")
+    hi: float = Field(description="Upper edge of the band.")
+
+
+class TargetSpec(BaseModel):
+    """The run to forecast (it may not have happened yet)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = Field(description="Target name.")
+    params_active: float = Field(gt=0, description="Active parameters N.")
+    tokens: float = Field(gt=0, description="Planned training tokens D.")
+    params_total: float | None = Field(None, gt=0, description="Total parameters (MoE).")
+    num_steps: int | None = Field(None, gt=0, description="Planned optimizer steps.")
+    tokens_per_step: float | None = Field(None, gt=0, description="Tokens per step.")
+    flops_per_token: float | None = Field(None, gt=0, description="Training FLOPs per token (one convention with the ladder).")
+    total_flops: float | None = Field(None, gt=0, description="Planned total FLOPs; default flops_per_token*tokens, else 6*N*D.")
+    lr: list[float] | None = Field(None, description="LR at every step 1..num_steps (the schedule), when known.")
+
+    def planned_flops(self) -> float:
+        if self.total_flops is not None:
+            return float(self.total_flops)
+        if self.flops_per_token is not None:
+            return float(self.flops_per_token * self.tokens)
+        return 6.0 * self.params_active * self.tokens
+
+    def steps(self) -> int:
+        if self.num_steps is not None:
+            return int(self.num_steps)
+        if self.tokens_per_step is not None:
+            return int(round(self.tokens / self.tokens_per_step))
+        return 1
+
+
+class BacktestResult(BaseModel):
+    """How wrong a method was on this ladder when it predicted what it had not seen."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    method: str = Field(description="Method backtested.")
+    kind: str = Field(description="'compute' (fit small runs, predict the largest) or 'prefix' (fit a curve prefix, predict its end).")
+    held_out: list[str] = Field(description="Runs predicted.")
+    mean_rel_error: float = Field(description="Mean signed relative error (prediction/actual - 1).")
+    rms_rel_error: float = Field(description="RMS relative error.")
+    max_abs_rel_error: float = Field(description="Worst absolute relative error.")
+    distance: float = Field(description="Extrapolation distance of the backtest (decades of compute, or ln of step ratio).")
+    rate: float = Field(description="rms_rel_error / distance: error per unit of extrapolation, used to widen bands.")
+    n_points: int = Field(description="Points scored.")
+
+
+class Forecast(BaseModel):
+    model_config = ConfigDict(frozen=False, extra="forbid")
+    target: TargetSpec
+    method: str = Field(description="Method that produced it (matched_progress, chinchilla, compute, refit, ...).")
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(), description="UTC ISO time.")
+    version: int = Field(0, description="Set by the caller's store; a refit is a new version.")
+    inputs_fingerprint: str = Field(description="sha256 of the input table (and live prefix) content.")
+    curve: list[CurvePoint] = Field(default_factory=list, description="Predicted curve with bands.")
+    final_loss: float
+    final_loss_lo: float
+    final_loss_hi: float
+    level: float = Field(0.95, description="Coverage level of every band.")
+    law: str = Field(description="Formula string of the fitted law.")
+    params: dict[str, Interval] = Field(default_factory=dict, description="Law parameters with intervals.")
+    backtest: list[BacktestResult] = Field(default_factory=list, description="This method's errors on this ladder.")
+    band_terms: dict[str, float] = Field(default_factory=dict, description="Relative sigma of each band term at the final step.")
+    warnings: list[str] = Field(default_factory=list)
+
+    def to_json(self, **kw) -> str:
+        return self.model_dump_json(**kw)
+
+    @classmethod
+    def from_json(cls, text: str) -> Forecast:
+        return cls.model_validate_json(text)
+
+    def band_at(self, step: int | float) -> tuple[float, float, float]:
+        """(loss, lo, hi) at `step`: interpolation in log(step) between curve points (clamped at the ends)."""
+        if not self.curve:
+            return self.final_loss, self.final_loss_lo, self.final_loss_hi
+        s = np.log(np.array([max(p.step, 1) for p in self.curve], dtype=float))
+        cols = [np.array([getattr(p, k) for p in self.curve]) for k in ("loss", "lo", "hi")]
+        x = np.log(max(float(step), 1.0))
+        return tuple(float(np.interp(x, s, c)) for c in cols)  # type: ignore[return-value]
+
+    def curve_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([p.model_dump() for p in self.curve])
+
+    def summary(self) -> dict:
+        """Flat dict for a CLI table or --json: the final-loss estimate and interval under explicit keys."""
+        return {
+            "target": self.target.name,
+            "method": self.method,
+            "version": self.version,
+            "final_loss": self.final_loss,
+            "final_loss_lo": self.final_loss_lo,
+            "final_loss_hi": self.final_loss_hi,
+            "level": self.level,
+            "law": self.law,
+            "created_at": self.created_at,
+            "warnings": list(self.warnings),
+        }
+
+
+def fingerprint_table(*tables: pd.DataFrame | None) -> str:
+    h = hashlib.sha256()
+    for t in tables:
+        if t is None:
+            h.update(b"none")
+            continue
+        cols = sorted(map(str, t.columns))
+        h.update(json.dumps(cols).encode())
+        h.update(pd.util.hash_pandas_object(t[cols].sort_values(cols[: min(2, len(cols))]), index=False).values.tobytes())
+    return h.hexdigest()[:16]

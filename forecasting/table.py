@@ -1,0 +1,246 @@
+"""The table of runs: the one input every law, fit and backtest in forecasting/ reads.
+
+Why a table and not our own run objects: the same forecaster must work on our ladders, on a CSV/parquet
+export of someone else's W&B runs, and on public data, so the contract is a plain pandas DataFrame.
+
+Schema (one row per logged point):
+
+    column          type   meaning
+    run             str    run name; rows of one run share it                      (required)
+    step            int    optimizer step of the point                             (required)
+    loss            float  loss at that step (eval loss when the run logs one)     (required)
+    tokens          float  cumulative training tokens seen at `step`
+    flops           float  cumulative training FLOPs (fwd+bwd) at `step`, one convention end to end
+    lr              float  learning rate at `step`
+    fraction        float  step / planned steps of the run (progress in [0, 1])
+    params_active   float  active parameters N (MoE: shared + top-k routed, no input embeddings)
+    params_total    float  total parameters
+    split           str    optional: "eval" or "train"
+    num_steps       int    optional: planned steps of the run (gives `fraction`)
+    tokens_per_step float  optional: tokens per optimizer step (gives `tokens`)
+
+A column may be absent when the law being fitted does not need it; `validate_table(..., require=...)`
+says which are needed and fails with a message that names the missing column, the bad run and step.
+Rules checked: no NaN/inf and no non-positive loss/tokens/flops/params; no duplicated (run, step) rows;
+steps are integers. Loaders: `read_table_file` (CSV/parquet; W&B history names such as `_step`,
+`eval/loss`, `optim/learning_rate` are mapped), `from_run_dirs` (ladder run directories:
+spec.json + metrics.jsonl, fsspec URLs allowed), `from_records` (tables built in code).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import PurePosixPath
+
+import fsspec
+import numpy as np
+import pandas as pd
+
+COLUMNS = (
+    "run", "step", "tokens", "flops", "loss", "lr", "fraction", "params_active", "params_total",
+    "split", "num_steps", "tokens_per_step",
+)
+REQUIRED = ("run", "step", "loss")
+POSITIVE = ("loss", "tokens", "flops", "params_active", "params_total", "num_steps", "tokens_per_step")
+
+# Common names in W&B history exports and other people's CSVs -> our names (first match wins).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "run": ("run", "run_name", "name", "Name", "display_name", "run_id"),
+    "step": ("step", "_step", "global_step", "trainer/global_step", "iteration", "iter"),
+    "loss": (
+        "loss", "eval/loss", "eval_loss", "loss/eval", "val/loss", "val_loss", "validation/loss",
+        "eval_dropless/paloma/macro_loss", "train/loss", "train_loss", "loss/train",
+    ),
+    "tokens": ("tokens", "throughput/total_tokens", "total_tokens", "num_tokens", "tokens_seen"),
+    "flops": ("flops", "total_flops", "train/flops"),
+    "lr": ("lr", "optim/learning_rate", "learning_rate", "train/learning_rate", "optim/lr"),
+    "params_active": ("params_active", "active_params", "n_params_active", "Model Size", "params", "N"),
+    "params_total": ("params_total", "total_params", "n_params"),
+}
+
+
+class TableError(ValueError):
+    """The table of runs breaks the schema; the message says which column, run and step."""
+
+
+def normalise_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Rename known aliases to schema names (does not overwrite a column that already exists)."""
+    out = df.copy()
+    if "throughput/total_gflops" in out.columns and "flops" not in out.columns:
+        out["flops"] = out["throughput/total_gflops"].astype(float) * 1e9
+    for name, aliases in ALIASES.items():
+        if name in out.columns:
+            continue
+        for alias in aliases:
+            if alias in out.columns:
+                out = out.rename(columns={alias: name})
+                break
+    return out
+
+
+def validate_table(df: pd.DataFrame, require: Iterable[str] = REQUIRED) -> pd.DataFrame:
+    """Return a clean copy sorted by (run, step), with `fraction`/`tokens` derived where possible.
+
+    Raises TableError naming the problem: missing column, NaN/inf, non-positive values, duplicated
+    (run, step) rows, or an empty table.
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise TableError(f"expected a pandas DataFrame, got {type(df).__name__}")
+    out = normalise_columns(df)
+    if len(out) == 0:
+        raise TableError("the table of runs is empty")
+    if "num_steps" in out.columns and "fraction" not in out.columns and "step" in out.columns:
+        out["fraction"] = out["step"].astype(float) / out["num_steps"].astype(float)
+    if "tokens_per_step" in out.columns and "tokens" not in out.columns and "step" in out.columns:
+        out["tokens"] = out["step"].astype(float) * out["tokens_per_step"].astype(float)
+    missing = [c for c in require if c not in out.columns]
+    if missing:
+        raise TableError(
+            f"missing column(s) {missing}; have {sorted(map(str, out.columns))}. "
+            "See forecasting.table's docstring for the schema."
+        )
+    out["run"] = out["run"].astype(str)
+    numeric = [c for c in out.columns if c in COLUMNS and c not in ("run", "split")]
+    for col in numeric:
+        vals = pd.to_numeric(out[col], errors="coerce").astype(float)
+        bad = ~np.isfinite(vals.to_numpy())
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise TableError(
+                f"column {col!r} has {int(bad.sum())} NaN/inf/non-numeric value(s); first at run "
+                f"{out['run'].iloc[i]!r} step {out['step'].iloc[i] if 'step' in out else '?'}"
+            )
+        out[col] = vals
+        if col in POSITIVE and (vals <= 0).any():
+            i = int(np.flatnonzero((vals <= 0).to_numpy())[0])
+            raise TableError(
+                f"column {col!r} must be positive; got {vals.iloc[i]} at run {out['run'].iloc[i]!r} "
+                f"step {out['step'].iloc[i] if 'step' in out else '?'}"
+            )
+    if "step" in out.columns:
+        if (out["step"] < 0).any() or not np.allclose(out["step"], np.round(out["step"])):
+            raise TableError("column 'step' must hold non-negative integers")
+        out["step"] = out["step"].round().astype(np.int64)
+        key = ["run", "step"] + (["split"] if "split" in out.columns else [])
+        dup = out.duplicated(key, keep=False)
+        if dup.any():
+            first = out[dup].iloc[0]
+            raise TableError(
+                f"{int(dup.sum())} duplicated (run, step) rows, e.g. run {first['run']!r} step {int(first['step'])}; "
+                "a run appended twice, or two runs under one name?"
+            )
+        out = out.sort_values(["run", "step"], kind="stable").reset_index(drop=True)
+    return out
+
+
+def read_table_file(path: str) -> pd.DataFrame:
+    """Read a CSV or parquet table (local path or fsspec URL) and validate it.
+
+    A file without a run column is one run named after the file.
+    """
+    suffix = PurePosixPath(path).suffix.lower()
+    with fsspec.open(path, "rb") as f:
+        if suffix in (".parquet", ".pq"):
+            df = pd.read_parquet(f)
+        elif suffix in (".csv", ".tsv", ".txt"):
+            df = pd.read_csv(f, sep="\t" if suffix == ".tsv" else ",")
+        else:
+            raise TableError(f"unknown table format {suffix!r} for {path}; use .csv or .parquet")
+    df = normalise_columns(df)
+    if "run" not in df.columns:
+        df["run"] = PurePosixPath(path).stem
+    if "step" not in df.columns:
+        df["step"] = np.arange(len(df))
+    return validate_table(df)
+
+
+def from_records(records: Sequence[Mapping] | pd.DataFrame, **constants: float | str) -> pd.DataFrame:
+    """Build and validate a table in code: a list of row dicts (or a DataFrame) plus per-table constants."""
+    df = pd.DataFrame(records).copy()
+    for k, v in constants.items():
+        df[k] = v
+    return validate_table(df)
+
+
+def _read_text(url: str) -> str | None:
+    fs, p = fsspec.core.url_to_fs(url)
+    if not fs.exists(p):
+        return None
+    with fs.open(p, "r") as f:
+        return f.read()
+
+
+def _join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def from_run_dirs(paths: Iterable[str], *, loss_key: str = "eval/loss") -> pd.DataFrame:
+    """Load ladder run directories (spec.json + metrics.jsonl each) into one validated table.
+
+    Uses `loss_key` lines (default eval/loss); a run that has no eval line falls back to train/loss and
+    marks split="train". A torn last line in metrics.jsonl is ignored. Paths may be fsspec URLs.
+    """
+    frames = []
+    for path in paths:
+        spec_text = _read_text(_join(path, "spec.json"))
+        if spec_text is None:
+            raise TableError(f"{path}: no spec.json (not a run directory?)")
+        spec = json.loads(spec_text)
+        derived = spec.get("derived", {})
+        name = str(spec.get("name") or PurePosixPath(path).name)
+        metrics_text = _read_text(_join(path, "metrics.jsonl")) or ""
+        rows = []
+        lines = metrics_text.splitlines()
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    continue  # torn last line: the writer was interrupted mid-line
+                raise TableError(f"{path}/metrics.jsonl line {i + 1} is not JSON") from None
+        if not rows:
+            continue
+        m = pd.DataFrame(rows)
+        split = "eval"
+        key = loss_key
+        if key not in m.columns or m[key].isna().all():
+            key, split = "train/loss", "train"
+        m = m[m[key].notna()] if key in m.columns else m.iloc[0:0]
+        if m.empty:
+            continue
+        f = pd.DataFrame({"run": name, "step": m["step"].astype(int), "loss": m[key].astype(float), "split": split})
+        for src, dst in (("tokens", "tokens"), ("flops", "flops"), ("optim/learning_rate", "lr")):
+            if src in m.columns:
+                f[dst] = m[src].astype(float).to_numpy()
+        for k in ("params_active", "params_total", "num_steps", "tokens_per_step"):
+            if k in derived:
+                f[k] = float(derived[k])
+        if "num_steps" in derived:
+            f["fraction"] = f["step"] / float(derived["num_steps"])
+        if "tokens" not in f.columns and "tokens_per_step" in derived:
+            f["tokens"] = f["step"] * float(derived["tokens_per_step"])
+        if "flops" not in f.columns and "flops_per_token" in derived and "tokens" in f.columns:
+            f["flops"] = f["tokens"] * float(derived["flops_per_token"])
+        if "lr" not in f.columns and spec.get("lr_schedule"):
+            sched = np.asarray(spec["lr_schedule"], dtype=float)
+            f["lr"] = sched[np.clip(f["step"].to_numpy() - 1, 0, len(sched) - 1)]
+        # step 0 has no tokens/flops yet; it carries no information for a law, drop it
+        f = f[f["step"] > 0]
+        frames.append(f)
+    if not frames:
+        raise TableError("no run directory held any metric lines")
+    return validate_table(pd.concat(frames, ignore_index=True))
+
+
+def run_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: its last point (final loss) plus the run-level constants."""
+    last = table.sort_values("step").groupby("run", sort=True).tail(1).set_index("run").sort_index()
+    return last
+
+
+def is_finite_positive(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
