@@ -61,6 +61,8 @@ __all__ = [
     "MultiPowerLaw",
     "LRAnnealingLaw",
     "CurveBands",
+    "ModelError",
+    "calibrate_model_error",
     "fit_multipower",
     "fit_lr_annealing",
     "bootstrap_multipower",
@@ -467,7 +469,7 @@ def _start_points(problem: _Problem, n_starts: int, seed: int) -> list[np.ndarra
 def fit_multipower(
     curves: Sequence[CurveData],
     *,
-    n_starts: int = 6,
+    n_starts: int = 4,
     seed: int = 0,
     group: int = FIT_GROUP,
     max_points_per_curve: int | None = None,
@@ -646,54 +648,159 @@ def bootstrap_lr_annealing(
 
 
 @dataclass(frozen=True)
-class CurveBands:
-    """A point law plus bootstrap replicates and training log-residuals: predicts curves with bands.
+class ModelError:
+    """Systematic error of a curve law beyond its parameter uncertainty, calibrated on the training curves.
 
-    ``predict_band`` returns (point prediction, lo, hi). The band combines parameter uncertainty (spread of
-    the replicates) with the fit's own residual scatter (training log-residuals added to each replicate's
-    prediction), so it is a band for *observed* losses, not only for the mean curve.
+    The relative error of a prediction is modelled as normal in log-loss with standard deviation
+    ``sqrt(sigma_schedule**2 + (kappa * rho)**2)``, where ``rho = max(0, log(area / area_seen))`` is how far
+    the LR area of the predicted step lies beyond the largest area of any training point. ``sigma_schedule``
+    is the RMS error of leave-one-curve-out fits on the held-out curve's points whose LR history differs
+    from every kept curve (the error of transferring to an unseen schedule); ``kappa`` comes from a time backtest (fit every curve's first half, predict the rest).
+    """
+
+    sigma_schedule: float = 0.0
+    kappa: float = 0.0
+    area_seen: float = float("inf")
+
+    def sigma(self, area: np.ndarray) -> np.ndarray:
+        rho = np.maximum(0.0, np.log(np.asarray(area) / self.area_seen))
+        return np.sqrt(self.sigma_schedule**2 + (self.kappa * rho) ** 2)
+
+
+def _area_seen(curves: Sequence[CurveData]) -> float:
+    return float(max(np.cumsum(c.lr)[c.steps[-1] - 1] for c in curves))
+
+
+def _novel_points(held: CurveData, others: Sequence[CurveData]) -> np.ndarray:
+    """Mask of ``held``'s points whose LR history up to that step differs from every curve in ``others``."""
+    novel = np.ones(held.steps.size, dtype=bool)
+    for other in others:
+        n = min(held.lr.size, other.lr.size)
+        differs = np.abs(held.lr[:n] - other.lr[:n]) > 1e-9 * held.lr[:n]
+        first = int(np.argmax(differs)) if differs.any() else n  # 0-based index of the first differing step
+        novel &= held.steps - 1 >= first
+    return novel
+
+
+def calibrate_model_error(curves: Sequence[CurveData], fit, *, min_points: int = 10) -> ModelError:
+    """Estimate ``ModelError`` by refitting on parts of the training curves (``fit(curves) -> law``).
+
+    Leave-one-curve-out needs >= 2 curves and a decaying curve among those kept; the time backtest needs
+    >= ``min_points`` points in each half. Parts that cannot be formed are skipped (their term stays 0).
+    """
+    curves = list(curves)
+    sched_sq: list[np.ndarray] = []
+    for i, held in enumerate(curves):
+        rest = curves[:i] + curves[i + 1 :]
+        if not rest or not any(c.has_decay for c in rest) or sum(c.steps.size for c in rest) < 20:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                law = fit(rest)
+        except (RuntimeError, ValueError):
+            continue
+        err_sq = np.log(held.loss / law.predict(held.lr, held.steps, group=FIT_GROUP)) ** 2
+        novel = _novel_points(held, rest)
+        if novel.any():
+            sched_sq.append(err_sq[novel])
+    halves, rests = [], []
+    for c in curves:
+        cut = c.steps[-1] // 2
+        first = c.steps <= cut
+        if first.sum() >= min_points and (~first).sum() >= min_points:
+            halves.append(c.subset(np.nonzero(first)[0]))
+            rests.append(c.subset(np.nonzero(~first)[0]))
+    num = den = 0.0
+    if halves and any(h.has_decay for h in halves):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                law = fit(halves)
+            seen = _area_seen(halves)
+            for c in rests:
+                rho = np.maximum(0.0, np.log(np.cumsum(c.lr)[c.steps - 1] / seen))
+                err_sq = np.log(c.loss / law.predict(c.lr, c.steps, group=FIT_GROUP)) ** 2
+                num += float(np.sum(rho**2 * err_sq))
+                den += float(np.sum(rho**4))
+        except (RuntimeError, ValueError):
+            pass
+    sigma_schedule = float(np.sqrt(np.mean(np.concatenate(sched_sq)))) if sched_sq else 0.0
+    kappa = float(np.sqrt(num / den)) if den > 0 else 0.0
+    return ModelError(sigma_schedule=sigma_schedule, kappa=kappa, area_seen=_area_seen(curves))
+
+
+@dataclass(frozen=True)
+class CurveBands:
+    """A point law, bootstrap replicates, training log-residuals and a model-error term: curves with bands.
+
+    ``predict_band`` returns (point prediction, lo, hi). The band combines, in quadrature on the log scale,
+    (1) parameter uncertainty and residual scatter (quantiles of the replicates' predictions, each shifted by
+    a training log-residual drawn at random) and (2) the systematic ``model_error`` (leave-one-curve-out and
+    time-backtest errors, growing with LR-area extrapolation). It is a band for *observed* losses.
     """
 
     point: Any
     replicates: list = field(default_factory=list)
     log_residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    model_error: ModelError = field(default_factory=ModelError)
 
     def predict(self, lr: np.ndarray, steps: np.ndarray) -> np.ndarray:
         return self.point.predict(lr, steps)
 
     def predict_band(
         self, lr: np.ndarray, steps: np.ndarray, q: tuple[float, float] = (0.025, 0.975), *,
-        include_residuals: bool = True, group: int = 8, seed: int = 0,
+        include_residuals: bool = True, include_model_error: bool = True, group: int = 8, seed: int = 0,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if not (0.0 <= q[0] < q[1] <= 1.0):
-            raise ValueError(f"q must be two increasing probabilities in [0, 1]; got {q}.")
-        point = self.point.predict(lr, steps)
+        from scipy.stats import norm
+
+        if not (0.0 < q[0] < q[1] < 1.0):
+            raise ValueError(f"q must be two increasing probabilities strictly between 0 and 1; got {q}.")
         if not self.replicates:
             raise ValueError("CurveBands has no bootstrap replicates; build it with multipower_bands(..., n_boot>=2).")
+        lr = _check_schedule(lr)
+        steps = _check_steps(steps, lr.size)
+        log_point = np.log(self.point.predict(lr, steps))
         preds = np.log(np.vstack([r.predict(lr, steps, group=group) for r in self.replicates]))
         if include_residuals and self.log_residuals.size:
             rng = np.random.default_rng(seed)
             preds = preds + rng.choice(self.log_residuals, size=(preds.shape[0], 1))
-            preds = np.vstack([preds, np.log(point)[None, :] + np.quantile(self.log_residuals, q)[:, None]])
-        lo, hi = np.exp(np.quantile(preds, q, axis=0))
-        return point, np.minimum(lo, point), np.maximum(hi, point)
+            preds = np.vstack([preds, log_point[None, :] + np.quantile(self.log_residuals, q)[:, None]])
+        lo_boot, hi_boot = np.quantile(preds, q, axis=0)
+        down = np.maximum(log_point - lo_boot, 0.0)
+        up = np.maximum(hi_boot - log_point, 0.0)
+        if include_model_error:
+            sigma = self.model_error.sigma(np.cumsum(lr)[steps - 1])
+            down = np.sqrt(down**2 + (norm.ppf(q[0]) * sigma) ** 2)
+            up = np.sqrt(up**2 + (norm.ppf(q[1]) * sigma) ** 2)
+        return np.exp(log_point), np.exp(log_point - down), np.exp(log_point + up)
 
 
 def multipower_bands(
-    curves: Sequence[CurveData], n_boot: int = 50, seed: int = 0, *, law: str = "multi_power", **kwargs: Any
+    curves: Sequence[CurveData], n_boot: int = 50, seed: int = 0, *, law: str = "multi_power",
+    calibrate: bool = True, **kwargs: Any,
 ) -> CurveBands:
-    """Fit a curve law and its bootstrap; return a ``CurveBands`` ready for ``predict_band``."""
+    """Fit a curve law, its bootstrap and (``calibrate``) its model error; return a ``CurveBands``."""
     curves = list(curves)
     if law == "multi_power":
         point = fit_multipower(curves, seed=seed)
         reps = bootstrap_multipower(curves, n_boot, seed, point=point, **kwargs)
+
+        def refit(part):
+            return fit_multipower(part, n_starts=2, init=point, seed=seed)
+
     elif law == "lr_annealing":
         point = fit_lr_annealing(curves)
         reps = bootstrap_lr_annealing(curves, n_boot, seed, point=point, **kwargs)
+
+        def refit(part):
+            return fit_lr_annealing(part, lam=point.lam)
+
     else:
         raise ValueError(f"law must be 'multi_power' or 'lr_annealing'; got {law!r}.")
     res = np.concatenate([np.log(c.loss) - np.log(point.predict(c.lr, c.steps, group=FIT_GROUP)) for c in curves])
-    return CurveBands(point=point, replicates=reps, log_residuals=res)
+    model_error = calibrate_model_error(curves, refit) if calibrate else ModelError()
+    return CurveBands(point=point, replicates=reps, log_residuals=res, model_error=model_error)
 
 
 def mean_abs_rel_error(law: Any, curve: CurveData, *, group: int = 1) -> tuple[float, float]:
@@ -819,3 +926,74 @@ def load_multipowerlaw_curve(path: str | Path) -> CurveData:
 def load_multipowerlaw_dir(folder: str | Path) -> dict[str, CurveData]:
     """All curves of one model size (e.g. ``shared/data/multipowerlaw/csv_100``), keyed by file stem."""
     return {p.stem: load_multipowerlaw_curve(p) for p in sorted(Path(folder).glob("*.csv"))}
+
+
+# ----------------------------------------------------------------------------------------------
+# Backtest on the public Multi-Power-Law data (``python -m forecasting.multipower [DATA_DIR]``)
+# ----------------------------------------------------------------------------------------------
+
+MPL_TRAIN = ("cosine_24000", "constant_24000", "wsdcon_9")
+# Parameters published in the paper's repository (README "Best Parameters"); their formulation adds the warmup's
+# LR rise to LD, which is a constant B*peak once the warmup is over, so L0 + B*peak is the equivalent L0 here.
+MPL_PUBLISHED = {
+    "csv_25": (3.040, 0.525, 0.508, 363.788, 2.066, 0.583, 0.641),
+    "csv_100": (2.651, 0.601, 0.453, 437.946, 2.132, 0.598, 0.655),
+    "csv_400": (2.375, 0.654, 0.429, 523.425, 2.025, 0.594, 0.635),
+}
+
+
+def backtest_multipowerlaw_data(root: str | Path, *, n_boot: int = 0, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Fit on ``MPL_TRAIN`` per model size and score every held-out curve; optionally band coverage."""
+    results: dict[str, dict[str, Any]] = {}
+    for size_dir in sorted(Path(root).glob("csv_*"), key=lambda p: int(p.name.split("_")[1])):
+        curves = load_multipowerlaw_dir(size_dir)
+        train = [curves[n] for n in MPL_TRAIN]
+        test = {n: c for n, c in curves.items() if n not in MPL_TRAIN}
+        laws: dict[str, Any] = {"mpl": fit_multipower(train, seed=seed), "lr_annealing": fit_lr_annealing(train)}
+        if size_dir.name in MPL_PUBLISHED:
+            l0, a, alpha, b, c, beta, gamma = MPL_PUBLISHED[size_dir.name]
+            laws["mpl_published_params"] = MultiPowerLaw(L0=l0 + b * MPL_PEAK, A=a, alpha=alpha, B=b, C=c, beta=beta, gamma=gamma)
+        entry: dict[str, Any] = {"laws": {k: v.to_dict() for k, v in laws.items()}, "errors": {}, "train_errors": {}}
+        for key, law in laws.items():
+            entry["errors"][key] = {n: mean_abs_rel_error(law, c) for n, c in test.items()}
+            entry["train_errors"][key] = {n: mean_abs_rel_error(law, c) for n, c in zip(MPL_TRAIN, train)}
+        if n_boot:
+            bands = multipower_bands(train, n_boot, seed)
+            entry["model_error"] = {"sigma_schedule": bands.model_error.sigma_schedule, "kappa": bands.model_error.kappa}
+            cover = {}
+            for n, c in test.items():
+                mid, lo, hi = bands.predict_band(c.lr, c.steps)
+                cover[n] = (float(np.mean((c.loss >= lo) & (c.loss <= hi))), float(np.mean((hi - lo) / mid)))
+            entry["coverage"] = cover
+        results[size_dir.name] = entry
+    return results
+
+
+def _markdown(results: dict[str, dict[str, Any]]) -> str:
+    lines = []
+    for size, entry in results.items():
+        keys = list(entry["errors"])
+        lines.append(f"\n### {size}: fit on {', '.join(MPL_TRAIN)}\n")
+        lines.append("| held-out curve | " + " | ".join(f"{k} MARE % (max %)" for k in keys) + " |")
+        lines.append("|---|" + "---|" * len(keys))
+        names = list(entry["errors"][keys[0]])
+        for n in names:
+            lines.append(f"| {n} | " + " | ".join(f"{100 * entry['errors'][k][n][0]:.3f} ({100 * entry['errors'][k][n][1]:.2f})" for k in keys) + " |")
+        lines.append("| **mean** | " + " | ".join(f"**{100 * np.mean([v[0] for v in entry['errors'][k].values()]):.3f}**" for k in keys) + " |")
+        lines.append("| train curves, mean | " + " | ".join(f"{100 * np.mean([v[0] for v in entry['train_errors'][k].values()]):.3f}" for k in keys) + " |")
+        if "coverage" in entry:
+            me = entry["model_error"]
+            lines.append(f"\nModel-error term: sigma_schedule = {100 * me['sigma_schedule']:.3f}%, kappa = {100 * me['kappa']:.3f}% per unit log-area extrapolation.")
+            lines.append("\n| held-out curve | 95% band coverage | mean band width % |\n|---|---|---|")
+            for n, (cov, width) in entry["coverage"].items():
+                lines.append(f"| {n} | {cov:.2f} | {100 * width:.3f} |")
+        lines.append("\nFitted: " + "; ".join(f"`{k}`: " + ", ".join(f"{p}={v:.4g}" for p, v in d.items() if p != "law") for k, d in entry["laws"].items()))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover - report generator
+    import sys
+
+    root = sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data/multipowerlaw"
+    n_boot = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    print(_markdown(backtest_multipowerlaw_data(root, n_boot=n_boot)))

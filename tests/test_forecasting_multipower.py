@@ -10,16 +10,18 @@ import pandas as pd
 import pytest
 
 from forecasting.multipower import (
+    CurveBands,
     CurveData,
+    ModelError,
     LRAnnealingLaw,
     MultiPowerLaw,
     bootstrap_multipower,
+    calibrate_model_error,
     curve_from_table,
     fit_lr_annealing,
     fit_multipower,
     load_multipowerlaw_dir,
     mean_abs_rel_error,
-    multipower_bands,
     multipowerlaw_schedule,
 )
 
@@ -84,7 +86,7 @@ def test_rebuilt_schedules_match_the_logged_learning_rates():
 @pytest.mark.parametrize("size", ["csv_25", "csv_100", "csv_400"])
 def test_backtest_fit_three_schedules_predict_the_other_six(size):
     curves = load_multipowerlaw_dir(DATA / size)
-    law = fit_multipower([curves[n] for n in TRAIN], n_starts=4, seed=0)
+    law = fit_multipower([curves[n] for n in TRAIN], n_starts=2, seed=0)
     errors = {n: mean_abs_rel_error(law, c)[0] for n, c in curves.items() if n not in TRAIN}
     assert len(errors) == 6
     assert np.mean(list(errors.values())) <= 0.005, errors
@@ -157,19 +159,39 @@ def test_curve_from_table_rebuilds_the_schedule_from_logged_points():
 
 
 @needs_data
-def test_bootstrap_gives_bands_that_contain_the_point_and_widen_with_horizon():
+def test_bootstrap_gives_bands_that_contain_the_point_and_widen_with_extrapolation():
     curves = load_multipowerlaw_dir(DATA / "csv_400")
     train = [curves[n] for n in TRAIN]
     point = fit_multipower(train, n_starts=2, max_points_per_curve=60)
     reps = bootstrap_multipower(train, n_boot=6, seed=1, point=point, group=32)
     assert len(reps) >= 3 and all(isinstance(r, MultiPowerLaw) for r in reps)
     assert len({round(r.A, 6) for r in reps}) > 1  # the replicates differ
-    bands = multipower_bands(train, n_boot=4, seed=2)
-    target = curves["wsd_20000_24000"]
+    bands = CurveBands(point=point, replicates=reps, model_error=ModelError(sigma_schedule=1e-3, kappa=3e-3, area_seen=6.9))
+    target = curves["cosine_72000"]
     mid, lo, hi = bands.predict_band(target.lr, target.steps, q=(0.05, 0.95))
-    assert np.all(lo <= mid) and np.all(mid <= hi) and np.all(hi > lo)
+    assert np.all(lo < mid) and np.all(mid < hi)
+    width = (hi - lo) / mid
+    assert width[-1] > 1.5 * width[0]  # 3x the training horizon: the band opens up
+    bare_mid, bare_lo, bare_hi = bands.predict_band(target.lr, target.steps, q=(0.05, 0.95), include_model_error=False)
+    assert np.all(bare_hi - bare_lo <= hi - lo + 1e-12)
     with pytest.raises(ValueError, match="increasing"):
         bands.predict_band(target.lr, target.steps, q=(0.9, 0.1))
+
+
+@needs_data
+def test_model_error_calibration_measures_schedule_transfer_and_time_extrapolation():
+    curves = load_multipowerlaw_dir(DATA / "csv_100")
+    train = [curves[n] for n in TRAIN]
+    point = fit_multipower(train, n_starts=1, max_points_per_curve=50)
+
+    def quick_fit(part):
+        return fit_multipower(part, n_starts=1, init=point, max_points_per_curve=50, group=32)
+
+    error = calibrate_model_error(train, quick_fit)
+    assert 1e-4 < error.sigma_schedule < 0.02 and 1e-4 < error.kappa < 0.05
+    assert error.area_seen == pytest.approx(np.cumsum(curves["constant_24000"].lr)[23935])
+    assert error.sigma(np.array([1.0, error.area_seen]))[0] == pytest.approx(error.sigma_schedule)
+    assert error.sigma(np.array([3 * error.area_seen]))[0] > error.sigma_schedule
 
 
 @needs_data
