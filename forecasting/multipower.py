@@ -820,7 +820,9 @@ def curve_from_table(table: Any, run: str, *, split: str | None = None, num_step
 
     The per-step LR is the logged LR where logged, linear interpolation between logged steps, a linear warmup
     from 0 before the first logged step, and the last logged LR held until ``num_steps`` (argument, else the
-    table's num_steps column, else the last logged step). Rows with a missing loss are used for the LR only.
+    table's num_steps column, else the last logged step); zero LRs at the very start of a warmup become
+    1e-6 * peak (later zeros are an error). Rows with a missing loss are used for the LR only; rows at step 0
+    carry no loss for the laws and are dropped.
     """
     import pandas as pd
 
@@ -855,6 +857,11 @@ def curve_from_table(table: Any, run: str, *, split: str | None = None, num_step
         lr_steps = np.r_[0.0, lr_steps]
         lr_vals = np.r_[0.0, lr_vals]
     lr = np.interp(np.arange(1, last + 1, dtype=np.float64), lr_steps, lr_vals)
+    positive = lr > 0
+    if positive.any() and not positive[0]:
+        # A warmup that starts at exactly 0 (optax's default): the first steps moved nothing; give them a tiny LR.
+        first = int(np.argmax(positive))
+        lr[:first] = np.where(lr[:first] > 0, lr[:first], 1e-6 * lr.max())
     steps = loss_rows["step"].to_numpy()
     keep = steps >= 1
     return CurveData(str(run), lr, steps[keep], loss_rows["loss"].to_numpy(dtype=np.float64)[keep])

@@ -200,3 +200,16 @@ def test_lr_annealing_law_backtest_is_within_half_a_percent():
     law = fit_lr_annealing([curves[n] for n in TRAIN])
     errors = [mean_abs_rel_error(law, c)[0] for n, c in curves.items() if n not in TRAIN]
     assert np.mean(errors) <= 0.005
+
+
+def test_curve_from_table_accepts_a_warmup_that_starts_at_zero_and_uses_the_split():
+    steps = np.arange(0, 1001, 10)
+    lr = np.minimum(steps / 100.0, 1.0) * 1e-3  # optax-style warmup from exactly 0
+    table = pd.DataFrame({"run": "r", "step": steps, "lr": lr, "loss": 3.0 + 2.0 / (1 + steps) ** 0.3, "split": "train"})
+    eval_rows = table.iloc[::10].assign(split="eval", lr=np.nan, loss=lambda d: d["loss"] + 0.01)
+    both = pd.concat([table, eval_rows])
+    curve = curve_from_table(both, "r", split="eval", num_steps=1200)
+    assert curve.lr.size == 1200 and np.all(curve.lr > 0) and curve.lr[-1] == pytest.approx(1e-3)
+    assert list(curve.steps) == list(range(100, 1001, 100))  # step 0 dropped, eval rows only
+    with pytest.raises(ValueError, match="several losses at one step"):
+        curve_from_table(both, "r")
