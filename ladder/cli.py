@@ -271,6 +271,202 @@ def show(
         console.print("no metrics yet")
 
 
+# ---------------------------------------------------------------------------------------- forecasting
+
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".tsv")
+
+
+def _is_table(source: str) -> bool:
+    """A CSV/parquet export or a folder of run directories, as opposed to an experiment file or module."""
+    if source.lower().endswith(TABLE_SUFFIXES):
+        return True
+    return os.path.isdir(source) or "://" in source
+
+
+def _forecasting_error(error: Exception) -> None:
+    _fail(f"{type(error).__name__}: {error}", EXIT_FAILED if not isinstance(error, (ValueError, KeyError)) else EXIT_BAD_INPUT)
+
+
+def _experiment_table(exp: Experiment, store: Store, target: str | None):
+    from ladder.dag import TrainStep
+    from ladder.fitting import FitInputError, ladder_runs_for, table_from_steps
+
+    if target is not None:
+        names = ladder_runs_for(exp.dag, target)
+    else:
+        fits = [s for s in exp.dag if s.kind == "fit"]
+        names = list(fits[0].deps) if fits else [s.name for s in exp.dag if isinstance(s, TrainStep)]
+    try:
+        return table_from_steps(exp.dag, store, names)
+    except FitInputError as error:
+        _fail(str(error), EXIT_FAILED)
+
+
+def _print_intervals(title: str, params: dict) -> None:
+    table = Table(title=title)
+    for column in ("parameter", "value", "95% lo", "95% hi"):
+        table.add_column(column)
+    for name, interval in params.items():
+        table.add_row(name, f"{interval.value:.6g}", f"{interval.lo:.6g}", f"{interval.hi:.6g}")
+    console.print(table)
+
+
+def _print_forecast(forecast, where: str | None) -> None:
+    console.print(f"[bold]{forecast.target.name}[/]: final loss {forecast.final_loss:.4f} "
+                  f"[{forecast.final_loss_lo:.4f}, {forecast.final_loss_hi:.4f}] ({forecast.level:.0%}) by {forecast.method}"
+                  + (f", stored as version {forecast.version} in {where}" if where else ""))
+    console.print(f"law: {forecast.law}")
+    if forecast.params:
+        _print_intervals("parameters", forecast.params)
+    if forecast.curve:
+        table = Table(title="predicted curve (every ~10%)")
+        for column in ("step", "tokens", "loss", "lo", "hi"):
+            table.add_column(column)
+        stride = max(1, len(forecast.curve) // 10)
+        for point in forecast.curve[::stride] + ([forecast.curve[-1]] if (len(forecast.curve) - 1) % stride else []):
+            table.add_row(str(point.step), _fmt(point.tokens, "tokens") if point.tokens else "-", f"{point.loss:.4f}", f"{point.lo:.4f}", f"{point.hi:.4f}")
+        console.print(table)
+    for result in forecast.backtest:
+        console.print(f"backtest ({result.kind}) on this ladder: rms error {result.rms_rel_error:.2%}, worst {result.max_abs_rel_error:.2%} "
+                      f"over {result.distance:.2f} units of extrapolation ({', '.join(result.held_out)})")
+    for warning in forecast.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+
+
+@app.command()
+def fit(
+    source: str = typer.Argument(..., help="Experiment file/module, or a CSV/parquet table of runs, or a folder of run directories."),
+    root: Optional[str] = RootOption,
+    law: str = typer.Option("auto", help="auto, chinchilla (L(N,D)), compute (L(C)) or matched_progress."),
+    n_bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the intervals."),
+    seed: int = typer.Option(0, help="Bootstrap seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the fit as one JSON document."),
+) -> None:
+    """Fit a scaling law to finished runs; every parameter with its 95% interval."""
+    from forecasting import api
+
+    try:
+        table = api.load_table(source) if _is_table(source) else _experiment_table(_load(source), _store(root), None)
+        result = api.fit_ladder(table, law=law, n_bootstrap=n_bootstrap, seed=seed)
+    except typer.Exit:
+        raise
+    except Exception as error:  # noqa: BLE001 - every forecasting failure becomes one clear line
+        _forecasting_error(error)
+    if as_json:
+        print(result.to_json(indent=2))
+        return
+    console.print(f"[bold]{result.law}[/] on {result.n_runs} runs / {result.n_points} points: {result.formula}")
+    _print_intervals(f"parameters (95% intervals, {result.n_bootstrap} bootstrap refits over runs)", result.params)
+    residuals = Table(title="residuals")
+    for column in ("run", "loss", "predicted", "rel. error"):
+        residuals.add_column(column)
+    for row in result.residuals:
+        residuals.add_row(str(row.get("run")), f"{row.get('loss', float('nan')):.4f}", f"{row.get('predicted', float('nan')):.4f}", f"{row.get('rel_error', float('nan')):+.2%}")
+    console.print(residuals)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+
+
+@app.command()
+def forecast(
+    source: str = typer.Argument(..., help="Experiment file/module, or a CSV/parquet table of runs."),
+    target: Optional[str] = typer.Argument(None, help="With an experiment: the training step to forecast (e.g. hero)."),
+    root: Optional[str] = RootOption,
+    refit: bool = typer.Option(False, "--refit", help="Refit with the target's own live prefix (its metrics so far)."),
+    method: str = typer.Option("auto", help="auto, matched_progress, chinchilla or compute."),
+    n_bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs."),
+    seed: int = typer.Option(0, help="Bootstrap seed."),
+    params_active: Optional[float] = typer.Option(None, help="With a table: active parameters of the target."),
+    params_total: Optional[float] = typer.Option(None, help="With a table: total parameters of the target."),
+    tokens: Optional[float] = typer.Option(None, help="With a table: training tokens of the target."),
+    num_steps: Optional[int] = typer.Option(None, help="With a table: planned optimizer steps of the target."),
+    flops: Optional[float] = typer.Option(None, help="With a table: planned training FLOPs of the target (default 6ND)."),
+    name: str = typer.Option("target", help="With a table: a name for the target."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document: final_loss, final_loss_lo, final_loss_hi, curve, ..."),
+) -> None:
+    """Forecast a run's whole loss curve and final loss with a band; with an experiment, store it as a new version."""
+    from forecasting import api
+    from forecasting.forecast import TargetSpec
+
+    where = None
+    try:
+        if _is_table(source):
+            if params_active is None or tokens is None:
+                _fail("with a table, describe the target: --params-active N --tokens D (and optionally --num-steps, --flops).")
+            table = api.load_table(source)
+            spec = TargetSpec(name=name, params_active=params_active, params_total=params_total, tokens=tokens,
+                              num_steps=num_steps, total_flops=flops, tokens_per_step=tokens / num_steps if num_steps else None)
+            result = api.forecast_target(table, spec, method=method, n_bootstrap=n_bootstrap, seed=seed)
+        else:
+            from ladder.dag import DagError, TrainStep
+            from ladder.fitting import load_forecast, store_forecast, target_spec
+
+            exp = _load(source)
+            store = _store(root)
+            if target is None:
+                _fail("give the training step to forecast: `ladder forecast EXPERIMENT TARGET`.")
+            try:
+                step = exp.dag[target]
+            except DagError as error:
+                _fail(str(error))
+            if not isinstance(step, TrainStep):
+                _fail(f"{target!r} is a {step.kind} step; forecasts are for training steps.")
+            table = _experiment_table(exp, store, target)
+            spec = target_spec(step)
+            if refit:
+                from forecasting.table import from_run_dirs
+
+                run_dir = store.url_of(store.run_dir(target, exp.dag.fingerprints[target]))
+                try:
+                    live = from_run_dirs([run_dir])
+                except Exception as error:  # noqa: BLE001
+                    _fail(f"{target} has no live metrics to refit with yet ({error}); start it with `ladder submit`.", EXIT_FAILED)
+                prior = load_forecast(store, target)
+                result = api.refit_forecast(table, spec, live, prior=prior, n_bootstrap=n_bootstrap, seed=seed)
+            else:
+                result = api.forecast_target(table, spec, method=method, n_bootstrap=n_bootstrap, seed=seed)
+            store_forecast(store, result, meta={"experiment": exp.ref, "target_fingerprint": exp.dag.fingerprints[target], "refit": refit})
+            where = store.url_of(store.forecast_dir(target))
+    except typer.Exit:
+        raise
+    except Exception as error:  # noqa: BLE001
+        _forecasting_error(error)
+    if as_json:
+        print(result.to_json(indent=2))
+        return
+    _print_forecast(result, where)
+
+
+@app.command()
+def backtest(
+    source: str = typer.Argument(..., help="Experiment file/module, or a CSV/parquet table of runs."),
+    root: Optional[str] = RootOption,
+    method: str = typer.Option("auto", help="auto, matched_progress, chinchilla or compute."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """How wrong a method is on this ladder: fit the smaller runs (or a curve's prefix), predict the rest."""
+    from forecasting import api
+
+    try:
+        table = api.load_table(source) if _is_table(source) else _experiment_table(_load(source), _store(root), None)
+        report = api.backtest(table, method=method)
+    except typer.Exit:
+        raise
+    except Exception as error:  # noqa: BLE001
+        _forecasting_error(error)
+    if as_json:
+        print(report.to_json(indent=2))
+        return
+    table_view = Table(title=f"backtests of {report.method}")
+    for column in ("kind", "held out", "mean err", "rms err", "worst", "distance", "err per unit"):
+        table_view.add_column(column)
+    for r in report.results:
+        table_view.add_row(r.kind, ", ".join(r.held_out), f"{r.mean_rel_error:+.2%}", f"{r.rms_rel_error:.2%}", f"{r.max_abs_rel_error:.2%}", f"{r.distance:.2f}", f"{r.rate:.2%}")
+    console.print(table_view)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+
+
 @app.command()
 def schema() -> None:
     """Print the JSON schema of an experiment spec (every field with its description)."""

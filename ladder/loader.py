@@ -60,6 +60,9 @@ def _import(ref: str) -> ModuleType:
             path = os.path.abspath(ref)
             if not os.path.exists(path):
                 raise ExperimentError(f"experiment file {ref} does not exist; pass a path to a .py file or a module name.")
+            for folder in (os.path.dirname(path), os.getcwd()):  # as `python file.py` would see its neighbours
+                if folder not in sys.path:
+                    sys.path.insert(0, folder)
             digest = hashlib.sha1(path.encode()).hexdigest()[:8]
             name = f"ladder_experiment_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
             spec = importlib.util.spec_from_file_location(name, path)
@@ -78,7 +81,7 @@ def _import(ref: str) -> ModuleType:
     except ModuleNotFoundError as error:
         if not is_path and error.name and ref.startswith(error.name):
             raise ExperimentError(f"no experiment module named {ref!r}; pass a path to a .py file or an importable module.") from None
-        raise
+        raise ExperimentError(f"{ref} raised while being loaded: ModuleNotFoundError: {error}") from error
     except Exception as error:
         raise ExperimentError(f"{ref} raised while being loaded: {type(error).__name__}: {error}") from error
 

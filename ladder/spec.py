@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trainer.config import TrainConfig, TrainJob
+from trainer.config import ModelConfig, TrainConfig, TrainJob
 
 SPEC_FORMAT_VERSION = 1
 
@@ -84,6 +84,13 @@ class ExperimentSpec(TrainJob):
 
     resources: ResourceSpec = Field(default_factory=ResourceSpec, description="Cluster resources (not identity).")
     tags: dict[str, str] = Field(default_factory=dict, description="Free-form labels (not identity).")
+
+    @staticmethod
+    def tokens_for(model: ModelConfig, tokens_per_active_param: float) -> int:
+        """A token budget proportional to active parameters (Marin uses 791 per active parameter)."""
+        from trainer import accounting
+
+        return int(round(tokens_per_active_param * accounting.count_params(model).active))
 
     def job(self) -> TrainJob:
         """The trainer's view: the same job without resources and tags."""
