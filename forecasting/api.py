@@ -36,7 +36,8 @@ from forecasting.refit import fit_curve, schedule_features
 from forecasting.table import TableError, from_run_dirs, read_table_file, validate_table
 
 Z95 = 1.959963984540054
-METHODS = ("matched_progress", "chinchilla", "compute")
+METHODS = ("matched_progress", "chinchilla", "compute", "multipower")
+SAME_SIZE_RTOL = 0.02  # runs within 2% of the target's active parameters count as "the same model size"
 
 
 class LadderFit(BaseModel):
@@ -259,7 +260,10 @@ def forecast_target(
 ) -> Forecast:
     """Forecast the target's loss curve (with bands) and final loss (with interval) from the ladder alone."""
     table = validate_table(table)
-    method = choose_method(table) if method == "auto" else method
+    if method == "auto":
+        method = "multipower" if _same_size_runs(table, target) else choose_method(table)
+    if method == "multipower":
+        return _forecast_multipower(table, target, n_bootstrap, seed)
     if method == "matched_progress":
         return _forecast_matched_progress(table, target, n_bootstrap, seed)
     if method in ("chinchilla", "compute"):
@@ -318,6 +322,55 @@ def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: 
         curve=_curve(steps, pred, lo, hi, target), final_loss=final, final_loss_lo=float(lo[-1]), final_loss_hi=float(hi[-1]),
         law=fit.formula(), params=params, backtest=backtests,
         band_terms={k: float(v[-1]) for k, v in sig.items()} | {"total": float(total[-1])}, warnings=warn,
+    )
+
+
+def _same_size_runs(table: pd.DataFrame, target: TargetSpec) -> list[str]:
+    """Runs of the target's model size with a logged LR: what a schedule-aware curve law can learn from."""
+    if target.lr is None or "lr" not in table.columns or "params_active" not in table.columns:
+        return []
+    first = table.groupby("run")["params_active"].first()
+    same = first[np.abs(first / target.params_active - 1) <= SAME_SIZE_RTOL]
+    counts = table[table["run"].isin(same.index)].groupby("run")["step"].nunique()
+    return sorted(counts[counts >= 8].index)
+
+
+def _forecast_multipower(table: pd.DataFrame, target: TargetSpec, n_boot: int, seed: int) -> Forecast:
+    """Schedule-aware whole curve (CURVE's Multi-Power Law) from runs of the target's own size.
+
+    The band is CURVE's: bootstrap over curves, training residuals, and a model error calibrated by
+    leave-one-curve-out and time backtests on these very runs.
+    """
+    from forecasting import multipower as mpl  # CURVE's module; imported here so the rest never depends on it
+
+    runs = _same_size_runs(table, target)
+    if not runs:
+        raise FitError(
+            "the multipower method needs the target's LR schedule and runs of the same model size "
+            f"(active params within {SAME_SIZE_RTOL:.0%}) with logged lr in the table"
+        )
+    if target.lr is None:
+        raise FitError("the multipower method needs the target's per-step LR schedule")
+    warn: list[str] = []
+    curves = [mpl.curve_from_table(table, r) for r in runs]
+    bands = mpl.multipower_bands(curves, n_boot=max(2, min(n_boot, 50)), seed=seed)
+    lr = np.asarray(target.lr, dtype=float)
+    T = len(lr)
+    steps = _curve_steps(T, np.arange(1, 21) * 0.05)
+    pred, lo, hi = bands.predict_band(lr, steps)
+    point = bands.point.to_dict()
+    params = {}
+    for k, v in point.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            reps = np.array([r.to_dict().get(k, np.nan) for r in bands.replicates], dtype=float)
+            params[k] = percentile_interval(reps, float(v))
+    if len(runs) < 3:
+        warn.append(f"only {len(runs)} curve(s) of this size: the schedule-aware fit is weakly constrained")
+    return Forecast(
+        target=target, method="multipower", inputs_fingerprint=fingerprint_table(table[table["run"].isin(runs)]),
+        curve=_curve(steps, pred, lo, hi, target), final_loss=float(pred[-1]), final_loss_lo=float(lo[-1]),
+        final_loss_hi=float(hi[-1]), law=bands.point.formula(), params=params,
+        band_terms={"total": float((hi[-1] - lo[-1]) / (2 * Z95) / pred[-1])}, warnings=warn,
     )
 
 

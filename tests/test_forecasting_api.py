@@ -1,0 +1,67 @@
+"""api: fit_ladder / forecast_target / backtest on public data, results printable as tables and JSON."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecasting.api import BacktestReport, LadderFit, TargetSpec, backtest, fit_ladder, forecast_target
+from forecasting.public_data import chinchilla_points, marin_ladder, shared_data_dir
+
+DATA = shared_data_dir()
+pytestmark = pytest.mark.skipif(DATA is None, reason="shared/data not present")
+
+
+def test_fit_ladder_matched_progress_on_marin_has_intervals_and_round_trips():
+    table, _, _ = marin_ladder(DATA / "marin_535b_ladder")
+    fit = fit_ladder(table, n_bootstrap=20)
+    assert fit.law == "matched_progress" and fit.n_runs == 4
+    e = fit.params["E"]
+    assert e.lo <= e.value <= e.hi and 0.0 <= e.value < 2.4
+    assert any("coarse" in w for w in fit.warnings)  # 4 rungs: says so
+    assert LadderFit.model_validate_json(fit.to_json()) == fit
+    assert set(fit.params_table()["param"]) == {"E", "alpha_final", "log_A_final"}
+
+
+def test_backtest_report_on_marin_compute_and_prefix():
+    table, _, _ = marin_ladder(DATA / "marin_535b_ladder")
+    rep = backtest(table)
+    kinds = {r.kind: r for r in rep.results}
+    assert kinds["compute"].held_out == ["d2048"] and kinds["compute"].rms_rel_error < 0.02
+    assert kinds["prefix"].n_points > 20
+    frame = rep.table()
+    assert {"method", "kind", "rms_rel_error", "rate"} <= set(frame.columns)
+    assert BacktestReport.model_validate_json(rep.to_json()) == rep
+
+
+def test_chinchilla_forecast_of_a_70b_run_with_interval_and_json_keys():
+    t = chinchilla_points(DATA / "chinchilla_svg_extracted_data.csv")
+    f = forecast_target(t, TargetSpec(name="chinchilla-70b", params_active=70e9, tokens=1.4e12), n_bootstrap=30)
+    assert f.method == "chinchilla"
+    assert 1.85 < f.final_loss < 2.05
+    assert f.final_loss_lo < f.final_loss < f.final_loss_hi
+    doc = json.loads(json.dumps(f.summary()))
+    assert doc["final_loss_lo"] == f.final_loss_lo and doc["final_loss_hi"] == f.final_loss_hi
+    assert set(f.params) == {"E", "A", "B", "alpha", "beta"}
+
+
+@pytest.mark.slow  # ~35 s: CURVE's Multi-Power Law fit and its model-error calibration
+def test_auto_uses_the_schedule_aware_curve_law_for_a_same_size_target():
+    from forecasting.multipower import load_multipowerlaw_curve
+
+    folder = DATA / "multipowerlaw" / "csv_25"
+    frames = []
+    for name in ("cosine_24000", "constant_24000", "wsdcon_9"):
+        c = load_multipowerlaw_curve(folder / f"{name}.csv")
+        frames.append(pd.DataFrame({"run": name, "step": c.steps, "loss": c.loss, "lr": c.lr[c.steps - 1],
+                                    "params_active": 25e6, "num_steps": len(c.lr)}))
+    target_curve = load_multipowerlaw_curve(folder / "wsd_20000_24000.csv")
+    f = forecast_target(
+        pd.concat(frames),
+        TargetSpec(name="wsd", params_active=25e6, tokens=1e9, num_steps=len(target_curve.lr), lr=target_curve.lr.tolist()),
+        n_bootstrap=2,
+    )
+    assert f.method == "multipower"
+    pred = np.array([f.band_at(s)[0] for s in target_curve.steps])
+    assert np.mean(np.abs(pred / target_curve.loss - 1)) < 0.005
