@@ -397,26 +397,45 @@ def _mpl_predict_all(problem: _Problem, theta: np.ndarray, with_grad: bool):
 
 
 def _lower_upper(problem: _Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds in the solver's coordinates (L0, A, alpha, B*beta, C, beta, gamma)."""
     lower = np.array([0.0, 1e-8, 1e-3, 0.0, 1e-6, 1e-3, 0.0])
-    upper = np.array([problem.min_loss, 1e4, 3.0, 1e3 / problem.peak, 1e5, 10.0, 3.0])
+    upper = np.array([problem.min_loss, 1e4, 3.0, 1e4 / problem.peak, 1e5, 10.0, 3.0])
     return lower, upper
+
+
+def _to_solver(theta: np.ndarray) -> np.ndarray:
+    # As beta -> 0 with B*beta fixed, G/beta -> log(1 + C x): B and beta form a curved valley that slows the
+    # solver; B*beta as a coordinate straightens it.
+    phi = np.array(theta, dtype=np.float64)
+    phi[3] = theta[3] * theta[5]
+    return phi
+
+
+def _from_solver(phi: np.ndarray) -> np.ndarray:
+    theta = np.array(phi, dtype=np.float64)
+    theta[3] = phi[3] / phi[5]
+    return theta
 
 
 def _solve(problem: _Problem, theta0: np.ndarray, max_nfev: int) -> tuple[np.ndarray, float, bool]:
     lower, upper = _lower_upper(problem)
-    theta0 = np.clip(theta0, lower + 1e-12, upper - 1e-12)
+    phi0 = np.clip(_to_solver(theta0), lower + 1e-12, upper - 1e-12)
 
-    def residuals(theta):
-        pred, _ = _mpl_predict_all(problem, theta, False)
+    def residuals(phi):
+        pred, _ = _mpl_predict_all(problem, _from_solver(phi), False)
         return np.log(np.maximum(pred, 1e-8)) - problem.log_loss
 
-    def jacobian(theta):
+    def jacobian(phi):
+        theta = _from_solver(phi)
         pred, jac = _mpl_predict_all(problem, theta, True)
+        d_b = jac[:, 3].copy()
+        jac[:, 3] = d_b / phi[5]  # d/d(B*beta) at fixed beta
+        jac[:, 5] = jac[:, 5] - d_b * theta[3] / phi[5]  # d/dbeta at fixed B*beta
         return jac / np.maximum(pred, 1e-8)[:, None]
 
     res = least_squares(
         residuals,
-        theta0,
+        phi0,
         jac=jacobian,
         bounds=(lower, upper),
         loss="huber",
@@ -428,7 +447,7 @@ def _solve(problem: _Problem, theta0: np.ndarray, max_nfev: int) -> tuple[np.nda
         xtol=1e-12,
         gtol=1e-10,
     )
-    return res.x, float(res.cost), bool(res.status > 0)
+    return _from_solver(res.x), float(res.cost), bool(res.status > 0)
 
 
 def _reduced_init(problem: _Problem) -> np.ndarray:
@@ -469,7 +488,7 @@ def _start_points(problem: _Problem, n_starts: int, seed: int) -> list[np.ndarra
 def fit_multipower(
     curves: Sequence[CurveData],
     *,
-    n_starts: int = 4,
+    n_starts: int = 3,
     seed: int = 0,
     group: int = FIT_GROUP,
     max_points_per_curve: int | None = None,
@@ -509,7 +528,8 @@ def fit_multipower(
         warnings.warn("fit_multipower: the best start stopped at its evaluation limit before converging.", stacklevel=2)
     law = MultiPowerLaw(**dict(zip(_MPL_NAMES, map(float, best[1]))))
     lower, upper = _lower_upper(problem)
-    at_bound = [n for n, v, lo, hi in zip(_MPL_NAMES, best[1], lower, upper) if n != "gamma" and (v <= lo * 1.0001 or v >= hi * 0.9999)]
+    names = ("L0", "A", "alpha", "B*beta", "C", "beta", "gamma")
+    at_bound = [n for n, v, lo, hi in zip(names, _to_solver(best[1]), lower, upper) if n != "gamma" and (v <= lo * 1.0001 or v >= hi * 0.9999)]
     if at_bound:
         warnings.warn(f"fit_multipower: parameter(s) {at_bound} ended at a bound; the fit may be unreliable.", stacklevel=2)
     return law
@@ -614,7 +634,7 @@ def bootstrap_multipower(
     point: MultiPowerLaw | None = None,
     min_curves_for_curve_resampling: int = 4,
     block_fraction: float = 0.1,
-    group: int = FIT_GROUP,
+    group: int = 2 * FIT_GROUP,
 ) -> list[MultiPowerLaw]:
     """Bootstrap replicates of the Multi-Power Law.
 
@@ -629,7 +649,7 @@ def bootstrap_multipower(
         point = fit_multipower(curves, group=group)
 
     def refit(boot, p):
-        return fit_multipower(boot, n_starts=1, init=p, group=group, max_nfev=100)
+        return fit_multipower(boot, n_starts=1, init=p, group=group, max_nfev=60)
 
     return _bootstrap(curves, n_boot, seed, refit, point, min_curves_for_curve_resampling, block_fraction)
 
@@ -750,7 +770,7 @@ class CurveBands:
 
     def predict_band(
         self, lr: np.ndarray, steps: np.ndarray, q: tuple[float, float] = (0.025, 0.975), *,
-        include_residuals: bool = True, include_model_error: bool = True, group: int = 8, seed: int = 0,
+        include_residuals: bool = True, include_model_error: bool = True, group: int = FIT_GROUP, seed: int = 0,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         from scipy.stats import norm
 
@@ -787,7 +807,7 @@ def multipower_bands(
         reps = bootstrap_multipower(curves, n_boot, seed, point=point, **kwargs)
 
         def refit(part):
-            return fit_multipower(part, n_starts=2, init=point, seed=seed)
+            return fit_multipower(part, n_starts=1, init=point, group=2 * FIT_GROUP, max_nfev=200)
 
     elif law == "lr_annealing":
         point = fit_lr_annealing(curves)
