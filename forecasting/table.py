@@ -225,9 +225,11 @@ def from_run_dirs(paths: Iterable[str], *, loss_key: str = "eval/loss") -> pd.Da
             f["tokens"] = f["step"] * float(derived["tokens_per_step"])
         if "flops" not in f.columns and "flops_per_token" in derived and "tokens" in f.columns:
             f["flops"] = f["tokens"] * float(derived["flops_per_token"])
-        if "lr" not in f.columns and spec.get("lr_schedule"):
+        if spec.get("lr_schedule") and ("lr" not in f.columns or f["lr"].isna().any()):
+            # eval lines need not carry the LR; the schedule in spec.json is the truth for every step
             sched = np.asarray(spec["lr_schedule"], dtype=float)
-            f["lr"] = sched[np.clip(f["step"].to_numpy() - 1, 0, len(sched) - 1)]
+            from_schedule = sched[np.clip(f["step"].to_numpy() - 1, 0, len(sched) - 1)]
+            f["lr"] = f["lr"].fillna(pd.Series(from_schedule, index=f.index)) if "lr" in f.columns else from_schedule
         # step 0 has no tokens/flops yet; it carries no information for a law, drop it
         f = f[f["step"] > 0]
         frames.append(f)
