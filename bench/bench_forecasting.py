@@ -57,7 +57,7 @@ def main() -> None:
     ours_obj = [diag.objective]
     boot_laws = []
     for w in weights:
-        b, bd = fit_chinchilla(n, d, y, weights=w, n_polish=1, start=start)
+        b, bd = fit_chinchilla(n, d, y, weights=w, n_polish=1, start=start, candidate_radius=0.1)
         boot_laws.append(b)
         ours_obj.append(bd.objective)
     ours_time = time.perf_counter() - t0

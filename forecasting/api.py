@@ -155,7 +155,7 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
         start = np.array([math.log(fit.A), math.log(fit.B), math.log(fit.E), fit.alpha, fit.beta])
         for w in run_weights(final["run"], n_bootstrap, seed, min_distinct=6):
             try:
-                b, bd = fit_chinchilla(n, d, y, weights=w, n_polish=2, start=start)
+                b, bd = fit_chinchilla(n, d, y, weights=w, n_polish=1, start=start, candidate_radius=0.1)
             except FitError:
                 continue
             if bd.converged:
@@ -392,7 +392,7 @@ def _forecast_final_law(table: pd.DataFrame, target: TargetSpec, law: str, n_boo
         start = np.array([math.log(fit.A), math.log(fit.B), math.log(fit.E), fit.alpha, fit.beta])
 
         def refit(w):
-            b, bd = fit_chinchilla(n, d, y, weights=w, n_polish=2, start=start)
+            b, bd = fit_chinchilla(n, d, y, weights=w, n_polish=1, start=start, candidate_radius=0.1)
             if not bd.converged:
                 raise FitError("bootstrap refit did not converge")
             return b, float(b.predict(target.params_active, target.tokens))

@@ -38,6 +38,15 @@ class FitDiagnostics:
     message: str
 
 
+@dataclass
+class _Result:
+    x: np.ndarray
+    fun: float
+    jac: np.ndarray
+    success: bool
+    message: str
+
+
 def huber(r: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
     a = np.abs(r)
     return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
@@ -78,6 +87,67 @@ def chinchilla_objective(
     p1, p2, p3 = psi * x1 / s, psi * x2 / s, psi * x3 / s
     grad = np.array([p1.sum(), p2.sum(), p3.sum(), -(p1 * log_n).sum(), -(p2 * log_d).sum()])
     return val, grad
+
+
+def _objective_grad_hess(theta, log_n, log_d, log_l, w, delta):
+    """Objective, gradient and exact Hessian of `chinchilla_objective` (5 x 5, cheap)."""
+    a, b, e, alpha, beta = theta
+    t = np.stack([a - alpha * log_n, b - beta * log_d, np.full_like(log_n, e)], axis=1)
+    m = t.max(axis=1, keepdims=True)
+    x = np.exp(t - m)
+    s = x.sum(axis=1, keepdims=True)
+    p = x / s
+    r = (m + np.log(s))[:, 0] - log_l
+    n = len(r)
+    u = np.zeros((n, 3, 5))  # d t_k / d theta
+    u[:, 0, 0] = 1.0
+    u[:, 0, 3] = -log_n
+    u[:, 1, 1] = 1.0
+    u[:, 1, 4] = -log_d
+    u[:, 2, 2] = 1.0
+    g_r = np.einsum("nk,nkj->nj", p, u)
+    inside = np.abs(r) <= delta
+    psi = w * np.clip(r, -delta, delta) / delta
+    dpsi = w * inside / delta
+    f = float(np.sum(w * huber(r, delta))) / delta
+    grad = psi @ g_r
+    hess_r_part = np.einsum("n,nk,nki,nkj->ij", psi, p, u, u) - np.einsum("n,ni,nj->ij", psi, g_r, g_r)
+    hess = np.einsum("n,ni,nj->ij", dpsi, g_r, g_r) + hess_r_part
+    return f, grad, hess
+
+
+def _newton_polish(theta0, log_n, log_d, log_l, w, delta, max_iter: int = 200):
+    """Damped Newton (Levenberg) with exact Hessian; returns (theta, f, grad, converged)."""
+    theta = np.asarray(theta0, dtype=float).copy()
+    f, g, h = _objective_grad_hess(theta, log_n, log_d, log_l, w, delta)
+    lam = 1e-6
+    scale = max(1.0, float(np.sum(w)))
+    for _ in range(max_iter):
+        if np.max(np.abs(g)) / scale < 1e-11:
+            return theta, f, g, True
+        diag = np.abs(np.diag(h)) + 1e-12
+        accepted = False
+        for _ in range(40):
+            try:
+                step = np.linalg.solve(h + lam * np.diag(diag), -g)
+            except np.linalg.LinAlgError:
+                lam *= 10
+                continue
+            cand = theta + step
+            f_new, g_new, h_new = _objective_grad_hess(cand, log_n, log_d, log_l, w, delta)
+            if np.isfinite(f_new) and f_new <= f:
+                small = f - f_new <= 1e-15 * max(abs(f), 1e-300) and np.max(np.abs(step)) < 1e-10
+                theta, f, g, h = cand, f_new, g_new, h_new
+                lam = max(lam / 10, 1e-12)
+                accepted = True
+                if small:
+                    return theta, f, g, True
+                break
+            lam *= 10
+        if not accepted:
+            # no descent step at any damping: a (numerically) stationary point
+            return theta, f, g, bool(np.max(np.abs(g)) / scale < 1e-6)
+    return theta, f, g, bool(np.max(np.abs(g)) / scale < 1e-6)
 
 
 def _varpro_grid(
@@ -139,13 +209,16 @@ def fit_chinchilla(
     alphas: np.ndarray = DEFAULT_ALPHAS,
     betas: np.ndarray = DEFAULT_BETAS,
     start: np.ndarray | None = None,
+    candidate_radius: float = 0.02,
 ) -> tuple[ChinchillaLaw, FitDiagnostics]:
     """Fit L(N, D) = E + A/N^alpha + B/D^beta by Huber(delta) on log-loss.
 
     Variable projection over an (alpha, beta) grid picks `n_polish` starting points (plus `start`, a
     log-parameter vector (a, b, e, alpha, beta), if given); each is polished by BFGS (analytic
     gradient, gtol 1e-9 on the 1/delta-scaled objective); the lowest objective wins. `weights` are per-point multiplicities (a bootstrap uses
-    resample counts instead of copying rows).
+    resample counts instead of copying rows). A grid candidate whose (alpha, beta) lies within
+    `candidate_radius` of an optimum already polished is skipped (bootstrap refits warm-started from
+    the full fit use a wider radius: only a clearly different basin is worth a second polish).
     """
     n = np.asarray(params, dtype=float)
     d = np.asarray(tokens, dtype=float)
@@ -179,17 +252,21 @@ def fit_chinchilla(
 
     best = None
     for s0 in starts:
-        if best is not None and np.max(np.abs(best.x[3:] - s0[3:])) < 0.02:
+        if best is not None and np.max(np.abs(best.x[3:] - s0[3:])) < candidate_radius:
             continue  # a candidate next to an optimum already polished adds cost, not information
-        # BFGS, unbounded: the log-parameterisation keeps A, B, E positive; exponents are checked below.
-        res = minimize(
-            chinchilla_objective,
-            s0,
-            args=(log_n, log_d, log_l, w, delta),
-            jac=True,
-            method="BFGS",
-            options={"gtol": 1e-9, "maxiter": 5000, "xrtol": 1e-12},
-        )
+        # Damped Newton with the exact Hessian (a few ms); BFGS as the fallback when it stalls.
+        th, f, g, ok = _newton_polish(s0, log_n, log_d, log_l, w, delta)
+        if ok:
+            res = _Result(x=th, fun=f, jac=g, success=True, message="Newton: converged")
+        else:
+            res = minimize(
+                chinchilla_objective,
+                s0,
+                args=(log_n, log_d, log_l, w, delta),
+                jac=True,
+                method="BFGS",
+                options={"gtol": 1e-9, "maxiter": 5000, "xrtol": 1e-12},
+            )
         if best is None or res.fun < best.fun:
             best = res
     assert best is not None
