@@ -174,18 +174,19 @@ def test_loss_adds_weighted_z_and_aux_terms():
 
 
 def test_causal_and_sliding_window_masks():
+    # global_every=100 with 2 layers: layer 0 is local, layer 1 is global because it is the last layer.
     cfg = ModelConfig(hidden_dim=32, num_layers=2, num_heads=2, seq_len=16, sliding_window=3, global_every=100)
-    cfg = cfg.model_copy(update={"num_layers": 2})
-    # global_every=100 with 2 layers: layer 0 local, layer 1 (last) global. Check a local-only model too.
-    local_only = ModelConfig(hidden_dim=32, num_layers=1, num_heads=2, seq_len=16, sliding_window=3, global_every=100)
     assert [cfg.is_global_layer(i) for i in range(2)] == [False, True]
-    p = model.init_params(cfg, jax.random.key(0))
-    x = jax.random.normal(jax.random.key(1), (1, 16, 32))
-    local = model.attention(p["blocks"]["000"]["attention"], x, cfg, window=3)
-    x2 = x.at[0, 5].add(10.0)
-    changed = np.any(np.abs(np.asarray(model.attention(p["blocks"]["000"]["attention"], x2, cfg, window=3) - local)) > 1e-5, axis=-1)[0]
-    assert changed.tolist() == [i in (5, 6, 7) for i in range(16)]  # future-only, within 3 positions (self included)
-    assert local_only.is_global_layer(0)  # the last layer is always global
+    p = model.init_params(cfg, jax.random.key(0))["blocks"]["000"]["attention"]
+    x = jax.random.normal(jax.random.key(1), (16, 32))
+
+    def changed_positions(window):
+        base = model.attention(p, x, 1, cfg, window)
+        moved = model.attention(p, x.at[5].add(10.0), 1, cfg, window)
+        return np.any(np.abs(np.asarray(moved - base)) > 1e-5, axis=-1).tolist()
+
+    assert changed_positions(3) == [i in (5, 6, 7) for i in range(16)]  # later positions within 3 (self included)
+    assert changed_positions(None) == [i >= 5 for i in range(16)]  # causal: never earlier positions
 
 
 def test_grouped_query_attention_equals_repeated_kv_heads():
@@ -193,8 +194,10 @@ def test_grouped_query_attention_equals_repeated_kv_heads():
     mha = gqa.model_copy(update={"num_kv_heads": 4})
     p = model.init_params(gqa, jax.random.key(0))["blocks"]["000"]["attention"]
     repeated = dict(p, wk=jnp.repeat(p["wk"], 2, axis=1), wv=jnp.repeat(p["wv"], 2, axis=1))
-    x = jax.random.normal(jax.random.key(1), (2, 8, 32))
-    np.testing.assert_allclose(model.attention(p, x, gqa, None), model.attention(repeated, x, mha, None), rtol=1e-5, atol=1e-6)
+    x = jax.random.normal(jax.random.key(1), (2 * 8, 32))
+    np.testing.assert_allclose(
+        model.attention(p, x, 2, gqa, None), model.attention(repeated, x, 2, mha, None), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_global_layers_can_use_their_own_kv_heads():
@@ -236,3 +239,11 @@ def test_unknown_dispatch_is_rejected():
     cfg = _cfg()
     with pytest.raises(ValueError, match="unknown MoE dispatch"):
         model.loss_fn(model.init_params(cfg, jax.random.key(0)), model.init_router_state(cfg), _batch(cfg), cfg, dispatch="magic")
+
+
+def test_expert_ranks_by_running_count_equal_the_sort_path():
+    ids = jax.random.randint(jax.random.key(0), (300,), 0, 5)
+    by_count = moe.expert_ranks(ids, 5)
+    by_sort = moe.expert_ranks(jnp.concatenate([ids, jnp.zeros((1 << 22,), ids.dtype)]), 5)[:300]  # A*E > 2^24
+    expected = [int(np.sum(np.asarray(ids)[:i] == ids[i])) for i in range(300)]
+    assert by_count.tolist() == expected and by_sort.tolist() == expected

@@ -200,29 +200,43 @@ def _batched_experts(x_ExCxD: jax.Array, experts: dict) -> jax.Array:
     return jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate) * up, experts["w_down"])
 
 
-def dispatch_capacity(x_TxD: jax.Array, routing: Routing, experts: dict, cfg: MoEConfig) -> tuple[jax.Array, jax.Array]:
-    """Sort assignments by expert into ``[E, C, D]`` buffers, batched einsum, gather back.
+def expert_ranks(ids_A: jax.Array, num_experts: int) -> jax.Array:
+    """Each assignment's rank among earlier assignments to the same expert (its buffer row).
 
-    An assignment's slot is its rank among the assignments of the same expert (a stable sort keeps
-    earlier tokens first); ranks >= C are dropped and contribute zero. Both dispatch (scatter of
-    distinct rows) and combine (gather) are deterministic.
+    A running count over a one-hot [A, E] matrix is ~3x cheaper than a sort on CPU; for large A*E
+    (hundreds of experts on accelerators) a stable argsort keeps memory linear in A.
+    """
+    num_assign = ids_A.shape[0]
+    if num_assign * num_experts <= 1 << 24:
+        onehot_AxE = jax.nn.one_hot(ids_A, num_experts, dtype=jnp.int32)
+        return jnp.sum((jnp.cumsum(onehot_AxE, axis=0) - 1) * onehot_AxE, axis=1)
+    order_A = jnp.argsort(ids_A, stable=True)
+    counts_E = jnp.bincount(ids_A, length=num_experts)
+    starts_E = jnp.cumsum(counts_E) - counts_E
+    rank_sorted_A = jnp.arange(num_assign, dtype=jnp.int32) - starts_E[ids_A[order_A]]
+    return jnp.zeros((num_assign,), jnp.int32).at[order_A].set(rank_sorted_A)
+
+
+def dispatch_capacity(x_TxD: jax.Array, routing: Routing, experts: dict, cfg: MoEConfig) -> tuple[jax.Array, jax.Array]:
+    """Assignments into fixed ``[E, C, D]`` buffers, one batched einsum, gathered back.
+
+    An assignment's buffer row is its rank among the assignments of the same expert (earlier tokens
+    first); ranks >= C are dropped and contribute zero. Rows are moved with gathers only: an integer
+    scatter records which token fills each buffer row (empty rows read a zero row), and the combine
+    gathers each assignment's output row. Gathers are deterministic, and their backward passes were
+    3x cheaper on CPU than scattering the activations themselves.
     """
     t, d = x_TxD.shape
     e, k = cfg.num_experts, cfg.top_k
     c = capacity(t, cfg)
     ids_A = routing.expert_ids_TxK.reshape(-1)
-    num_assign = ids_A.shape[0]
-    order_A = jnp.argsort(ids_A, stable=True)
-    counts_E = jnp.bincount(ids_A, length=e)
-    starts_E = jnp.cumsum(counts_E) - counts_E
-    rank_sorted_A = jnp.arange(num_assign, dtype=jnp.int32) - starts_E[ids_A[order_A]]
-    rank_A = jnp.zeros((num_assign,), jnp.int32).at[order_A].set(rank_sorted_A)
+    rank_A = expert_ranks(ids_A, e)
     kept_A = rank_A < c
-    overflow_slot = e * c
-    slot_A = jnp.where(kept_A, ids_A * c + rank_A, overflow_slot)
-    token_A = jnp.arange(num_assign, dtype=jnp.int32) // k
-    buffer = jnp.zeros((e * c + 1, d), x_TxD.dtype).at[slot_A].set(x_TxD[token_A])
-    out_ExCxD = _batched_experts(buffer[: e * c].reshape(e, c, d), experts)
+    slot_A = jnp.where(kept_A, ids_A * c + rank_A, e * c)  # e*c = a discard row
+    token_A = jnp.arange(ids_A.shape[0], dtype=jnp.int32) // k
+    token_of_slot = jnp.full((e * c + 1,), t, jnp.int32).at[slot_A].set(token_A)[: e * c]  # t = the zero row
+    x_padded = jnp.concatenate([x_TxD, jnp.zeros((1, d), x_TxD.dtype)])
+    out_ExCxD = _batched_experts(x_padded[token_of_slot].reshape(e, c, d), experts)
     out_slots = jnp.concatenate([out_ExCxD.reshape(e * c, d), jnp.zeros((1, d), out_ExCxD.dtype)])
     y_TxD = _combine(out_slots[slot_A], routing.weights_TxK)
     return y_TxD, 1.0 - jnp.mean(kept_A.astype(jnp.float32))
@@ -260,17 +274,16 @@ _DISPATCH = {"capacity": dispatch_capacity, "ragged": dispatch_ragged, "dense": 
 
 
 def moe_ffn(
-    params: dict, x_BxLxD: jax.Array, bias_E: jax.Array, cfg: MoEConfig, *, dispatch: str
+    params: dict, x_TxD: jax.Array, bias_E: jax.Array, cfg: MoEConfig, *, batch: int, dispatch: str
 ) -> tuple[jax.Array, dict]:
     """Routed experts (optionally in a latent space) plus always-on shared experts.
 
     Returns the FFN output and this layer's statistics: expert counts, drop fraction, entropy,
-    balance and z losses, and (quantile balancing) the next-step bias target.
+    balance and z losses, and (quantile balancing) the next-step bias target. Tokens arrive flattened
+    to [T = batch * L, D]; `batch` is needed only by the sequence-wise balance loss.
     """
     if dispatch not in _DISPATCH:
         raise ValueError(f"unknown MoE dispatch {dispatch!r}; choose one of {DISPATCH_BACKENDS}.")
-    b, length, d = x_BxLxD.shape
-    x_TxD = x_BxLxD.reshape(b * length, d)
     logits_TxE = x_TxD.astype(jnp.float32) @ params["router"].astype(jnp.float32)
     routing = route(logits_TxE, bias_E, cfg)
 
@@ -288,11 +301,11 @@ def moe_ffn(
         "drop_fraction": drop_fraction,
         "routing_entropy": routing_entropy(routing.scores_TxE),
         "router_z_loss": router_z_loss(logits_TxE),
-        "router_aux_loss": _aux_loss(routing, cfg, batch=b),
+        "router_aux_loss": _aux_loss(routing, cfg, batch=batch),
     }
     if routing.qb_bias_E is not None:
         stats["qb_bias"] = routing.qb_bias_E
-    return y_TxD.reshape(b, length, d), stats
+    return y_TxD, stats
 
 
 def _aux_loss(routing: Routing, cfg: MoEConfig, *, batch: int) -> jax.Array:
