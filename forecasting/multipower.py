@@ -172,6 +172,18 @@ class _DropDesign:
     delta: np.ndarray  # (n_groups,): eta_{k-1} - eta_k summed over the group
     log_eta: np.ndarray  # (n_groups,)
     peak: float
+    blocks: tuple[tuple[int, int, int], ...] = ()  # (row start, row stop, groups seen by any of those rows)
+
+
+def _row_blocks(idx: np.ndarray, first_k: np.ndarray, n_blocks: int = 6) -> tuple[tuple[int, int, int], ...]:
+    """Split rows so each block only touches the decay groups that start before its last requested step."""
+    n = idx.size
+    if n == 0 or np.any(np.diff(idx) < 0):
+        return ((0, n, first_k.size),)
+    edges = np.unique(np.linspace(0, n, min(n_blocks, n) + 1).round().astype(int))
+    return tuple(
+        (int(lo), int(hi), int(np.searchsorted(first_k, idx[hi - 1], side="right"))) for lo, hi in zip(edges[:-1], edges[1:])
+    )
 
 
 def _drop_design(lr: np.ndarray, steps: np.ndarray, group: int = 1) -> _DropDesign:
@@ -186,6 +198,7 @@ def _drop_design(lr: np.ndarray, steps: np.ndarray, group: int = 1) -> _DropDesi
         return _DropDesign(cum[idx], np.zeros((idx.size, 0)), np.zeros(0), np.zeros(0), float(lr[: last + 1].max()))
     prev_area = cum[k - 1]  # area of steps before k (index k-1 is within range: k >= 1)
     log_eta = np.log(lr[k])
+    first_k = k
     if group > 1:
         # Group consecutive decay steps that every requested step sees entirely or not at all, and of one sign.
         order = np.sort(idx)
@@ -200,8 +213,10 @@ def _drop_design(lr: np.ndarray, steps: np.ndarray, group: int = 1) -> _DropDesi
         delta = np.bincount(gid, delta)
         log_eta = np.bincount(gid, weight * log_eta) / wsum
         prev_area = np.bincount(gid, weight * prev_area) / wsum
+        first_k = k[np.r_[True, gid[1:] != gid[:-1]]]
     s_matrix = np.maximum(cum[idx][:, None] - prev_area[None, :], 0.0)
-    return _DropDesign(cum[idx], s_matrix, delta, log_eta, float(lr[: last + 1].max()))
+    blocks = _row_blocks(idx, first_k)
+    return _DropDesign(cum[idx], s_matrix, delta, log_eta, float(lr[: last + 1].max()), blocks)
 
 
 def _drop_and_grad(design: _DropDesign, c: float, beta: float, gamma: float, with_grad: bool):
@@ -211,17 +226,23 @@ def _drop_and_grad(design: _DropDesign, c: float, beta: float, gamma: float, wit
         z = np.zeros(n)
         return (z, z, z, z) if with_grad else (z,)
     scale = np.exp(-gamma * design.log_eta)  # eta_k^-gamma
-    x = design.s_matrix * scale[None, :]
-    log_u = np.log1p(c * x)
-    p = np.exp(-beta * log_u)  # (Cx+1)^-beta
-    drop = (1.0 - p) @ design.delta
-    if not with_grad:
-        return (drop,)
-    q = beta * p * x / (1.0 + c * x)  # dG/dC
-    d_c = q @ design.delta
-    d_beta = (p * log_u) @ design.delta
-    d_gamma = (q * (-c)) @ (design.delta * design.log_eta)  # dG/dgamma = dG/dx * x * (-log eta)
-    return drop, d_c, d_beta, d_gamma
+    out = [np.zeros(n) for _ in range(4 if with_grad else 1)]
+    for lo, hi, cols in design.blocks or ((0, n, design.delta.size),):
+        if cols == 0:
+            continue
+        delta = design.delta[:cols]
+        x = design.s_matrix[lo:hi, :cols] * scale[:cols]
+        log_u = np.log1p(x * c)
+        p = np.exp(log_u * -beta)  # (Cx+1)^-beta
+        out[0][lo:hi] = delta.sum() - p @ delta
+        if with_grad:
+            x *= np.exp(log_u * -1.0)  # x / (Cx+1); dG/dC = beta * p * x / (Cx+1)
+            x *= p
+            out[1][lo:hi] = beta * (x @ delta)
+            p *= log_u  # dG/dbeta = p * log(Cx+1)
+            out[2][lo:hi] = p @ delta
+            out[3][lo:hi] = -c * beta * (x @ (delta * design.log_eta[:cols]))  # dG/dgamma = dG/dx * x * (-log eta)
+    return tuple(out)
 
 
 def _chunked_drop(lr: np.ndarray, steps: np.ndarray, c: float, beta: float, gamma: float, group: int) -> np.ndarray:
@@ -807,7 +828,7 @@ def multipower_bands(
         reps = bootstrap_multipower(curves, n_boot, seed, point=point, **kwargs)
 
         def refit(part):
-            return fit_multipower(part, n_starts=1, init=point, group=2 * FIT_GROUP, max_nfev=200)
+            return fit_multipower(part, n_starts=1, init=point, group=2 * FIT_GROUP, max_nfev=200, max_points_per_curve=100)
 
     elif law == "lr_annealing":
         point = fit_lr_annealing(curves)
