@@ -22,6 +22,7 @@ from forecasting.multipower import (
     fit_multipower,
     load_multipowerlaw_dir,
     mean_abs_rel_error,
+    multipower_bands,
     multipowerlaw_schedule,
 )
 
@@ -230,3 +231,21 @@ def test_analytic_jacobian_matches_finite_differences():
         down[j] -= h
         numeric = (mp._mpl_predict_all(problem, up, False)[0] - mp._mpl_predict_all(problem, down, False)[0]) / (2 * h)
         np.testing.assert_allclose(jac[:, j], numeric, rtol=1e-5, atol=1e-9)
+
+
+@needs_data
+def test_bootstrap_resamples_curves_when_there_are_enough_and_bands_work_for_the_annealing_law():
+    curves = load_multipowerlaw_dir(DATA / "csv_400")
+    names = ("cosine_24000", "constant_24000", "wsdcon_9", "wsdcon_18")
+    thin = [curves[n].subset(np.arange(0, curves[n].steps.size, 3)) for n in names]
+    point = fit_multipower(thin, n_starts=1)
+    reps = bootstrap_multipower(thin, n_boot=3, seed=0, point=point)
+    assert len(reps) == 3 and len({r.L0 for r in reps}) == 3
+    bands = multipower_bands(thin, n_boot=5, seed=0, law="lr_annealing")
+    assert isinstance(bands.point, LRAnnealingLaw) and bands.model_error.sigma_schedule > 0
+    target = curves["wsd_20000_24000"]
+    mid, lo, hi = bands.predict_band(target.lr, target.steps)
+    assert np.mean(np.abs(mid / target.loss - 1)) < 0.005
+    assert np.mean((target.loss >= lo) & (target.loss <= hi)) > 0.8
+    with pytest.raises(ValueError, match="law must be"):
+        multipower_bands(thin, n_boot=2, law="chinchilla")

@@ -97,8 +97,8 @@ def tiny_job(num_steps: int = NUM_STEPS, **train_overrides) -> TrainJob:
             moe=MoEConfig(num_experts=4, top_k=2, expert_dim=32),
         ),
         data=DataConfig(
-            sources=[SourceConfig(name="code", kind="stdlib_code")],
-            phases=[MixturePhase(weights={"code": 1.0})],
+            sources=[SourceConfig(name="code", kind="stdlib_code"), SourceConfig(name="docs", kind="stdlib_docs")],
+            phases=[MixturePhase(weights={"code": 0.7, "docs": 0.3})],
             max_tokens_per_source=200_000,
         ),
         optimizer=OptimizerConfig(learning_rate=1e-2, schedule=ScheduleConfig(kind="cosine", warmup=5)),
@@ -203,8 +203,9 @@ def test_metrics_jsonl_has_contract_keys_and_scheduled_lr(reference_run):
     assert 0 < steady[-1]["throughput/mfu"] < 1
     assert [r["step"] for r in eval_rows] == [20, 40]
     for row in eval_rows:
-        assert {"step", "tokens", "flops", "time", "eval/loss", "eval/code/loss"} <= set(row)
-        assert row["eval/loss"] == pytest.approx(row["eval/code/loss"])
+        assert {"step", "tokens", "flops", "time", "eval/loss", "eval/code/loss", "eval/docs/loss"} <= set(row)
+        assert row["eval/loss"] == pytest.approx((row["eval/code/loss"] + row["eval/docs/loss"]) / 2)
+        assert row["eval/code/loss"] != row["eval/docs/loss"]
     assert eval_rows[1]["eval/loss"] < eval_rows[0]["eval/loss"]
 
 
@@ -294,6 +295,17 @@ def test_corrupt_newest_checkpoint_is_skipped_with_warning(reference_run, tmp_pa
     assert os.listdir(os.path.join(run_dir, "checkpoints_corrupt"))
     assert train_losses(run_dir) == train_losses(reference_run[0])
     assert Checkpointer(ckpt_dir, every_steps=None, every_seconds=None, keep=2).steps() == [30, 40]
+
+
+def test_checkpoint_cadence_by_steps_and_by_time(tmp_path):
+    from trainer.checkpoint import Checkpointer
+
+    by_steps = Checkpointer(str(tmp_path / "a"), every_steps=5, every_seconds=3600, keep=1)
+    assert [s for s in range(1, 16) if by_steps.due(s)] == [5, 10, 15]
+    by_time = Checkpointer(str(tmp_path / "b"), every_steps=None, every_seconds=1e-9, keep=1)
+    assert all(by_time.due(s) for s in (1, 2, 3))
+    never = Checkpointer(str(tmp_path / "c"), every_steps=None, every_seconds=None, keep=1)
+    assert not any(never.due(s) for s in range(1, 50))
 
 
 def test_read_metrics_tolerates_torn_last_line_and_applies_resume_markers(tmp_path):

@@ -1,0 +1,118 @@
+"""The local ladder: Marin's 535B recipe shape, shrunk until it trains for real on a 2-core CPU.
+
+Same shape as Marin's ladder (``experiments/marin_535b.py`` when it lands, and
+``../shared/reference/marin_hero_specs.md``): fine-grained routed experts with top-k routing, one
+shared expert, aux-loss-free router-bias balancing, z-loss, a linear schedule with 1% warmup decaying
+to 5% of peak, a two-source mixture whose weights switch at 80% of training, a fixed number of
+tokens per active parameter, and an eval every 5% of each run (so matched-progress fits have curves).
+
+| step  | width | layers | heads | experts (top-k, shared) | tokens / active param |
+|-------|------:|-------:|------:|-------------------------|----------------------:|
+| r24   |    24 |      2 |     2 | 8 (2, 1) of width d/2   | 8 |
+| r32   |    32 |      2 |     2 | 8 (2, 1)                | 8 |
+| r48   |    48 |      3 |     2 | 8 (2, 1)                | 8 |
+| r64   |    64 |      4 |     2 | 8 (2, 1)                | 8 |
+| hero  |    96 |      4 |     3 | 8 (2, 1)                | 8 |
+
+Active/total parameters, tokens and FLOPs come from the trainer's accounting (`ladder plan` prints
+them): the rungs span ~100x in compute and the hero is ~4.4x the largest rung. Measured on this
+2-core machine (shared, noisy): r64 trains 1.13M tokens at ~8k tokens/s on one core.
+
+Constants and why:
+- byte tokenizer, sequence 128, batch 8: the stdlib corpus is ~14M bytes, and 1,024 tokens per step
+  keeps the smallest rung near 100 steps;
+- 8 tokens per active parameter (Marin uses 791): what fits the CPU budget while the loss still falls
+  steadily at every size;
+- peak LR 3e-3 * sqrt(64 / width): a width-scaled heuristic in the spirit of Marin's LR law;
+- bias balancing rate 1e-3 (DeepSeek-V3's gamma), logit z-loss 1e-4 (Marin's value).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ladder import ExperimentSpec, ResourceSpec, TrainStep, build_ladder
+from trainer.config import (
+    DataConfig,
+    MixturePhase,
+    ModelConfig,
+    MoEConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    SourceConfig,
+    TrainConfig,
+)
+
+RUNGS = {"r24": (24, 2), "r32": (32, 2), "r48": (48, 3), "r64": (64, 4)}
+HERO = ("hero", (96, 4))
+TOKENS_PER_ACTIVE_PARAM = 8.0
+SEQ_LEN = 128
+BATCH_SIZE = 8
+EVALS_PER_RUN = 20
+
+
+def local_model(width: int, layers: int, *, seq_len: int = SEQ_LEN) -> ModelConfig:
+    return ModelConfig(
+        hidden_dim=width,
+        num_layers=layers,
+        num_heads=max(2, width // 32),
+        seq_len=seq_len,
+        logit_z_loss_weight=1e-4,
+        moe=MoEConfig(
+            num_experts=8,
+            top_k=2,
+            expert_dim=width // 2,
+            num_shared_experts=1,
+            shared_expert_dim=width // 2,
+            balancing="bias",
+            bias_update_rate=1e-3,
+        ),
+    )
+
+
+def local_data() -> DataConfig:
+    """Two offline sources (the stdlib's code and its documentation); the mixture shifts at 80%, as Marin's does."""
+    return DataConfig(
+        sources=[SourceConfig(name="code", kind="stdlib_code"), SourceConfig(name="docs", kind="stdlib_docs")],
+        phases=[
+            MixturePhase(start_fraction=0.0, weights={"code": 0.8, "docs": 0.2}),
+            MixturePhase(start_fraction=0.8, weights={"code": 0.6, "docs": 0.4}),
+        ],
+    )
+
+
+def local_spec(width: int, layers: int, *, tokens_per_param: float = TOKENS_PER_ACTIVE_PARAM,
+               seq_len: int = SEQ_LEN, batch_size: int = BATCH_SIZE) -> ExperimentSpec:
+    model = local_model(width, layers, seq_len=seq_len)
+    tokens = ExperimentSpec.tokens_for(model, tokens_per_param)
+    steps = max(1, round(tokens / (batch_size * seq_len)))
+    return ExperimentSpec(
+        model=model,
+        data=local_data(),
+        optimizer=OptimizerConfig(
+            learning_rate=3e-3 * math.sqrt(64 / width),
+            weight_decay=0.1,
+            schedule=ScheduleConfig(kind="linear", warmup=0.01, min_lr_fraction=0.05),
+        ),
+        train=TrainConfig(
+            tokens=tokens,
+            batch_size=batch_size,
+            eval_every=max(1, steps // EVALS_PER_RUN),
+            eval_batches=4,
+            log_every=max(1, steps // 100),
+            checkpoint_every=max(1, steps // 4),
+            wandb="auto",
+            progress=False,
+        ),
+        resources=ResourceSpec(cpus=1),
+        tags={"ladder": "local"},
+    )
+
+
+def local_ladder(**overrides) -> list:
+    rungs = [TrainStep(name=name, spec=local_spec(*shape, **overrides)) for name, shape in RUNGS.items()]
+    hero = TrainStep(name=HERO[0], spec=local_spec(*HERO[1], **overrides))
+    return build_ladder(rungs, hero)
+
+
+steps = local_ladder()

@@ -1,0 +1,113 @@
+"""The CLI as scripts use it: exit codes, --json documents, clear one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from ladder.cli import app
+
+runner = CliRunner()
+README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+
+
+def _chinchilla_table(path) -> str:
+    """Final points of 12 runs on a known law L = 1.8 + 400/N^0.34 + 2000/D^0.37, with 0.3% noise."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in (1e7, 3e7, 1e8, 3e8):
+        for tpp in (10, 20, 40):
+            d = n * tpp
+            loss = (1.8 + 400 / n**0.34 + 2000 / d**0.37) * (1 + 0.003 * rng.standard_normal())
+            rows.append({"run": f"n{n:.0e}-t{tpp}", "step": 1000, "loss": loss, "params_active": n, "tokens": d, "flops": 6 * n * d})
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return str(path)
+
+
+def test_fit_json_on_a_table(tmp_path):
+    table = _chinchilla_table(tmp_path / "runs.csv")
+    result = runner.invoke(app, ["fit", table, "--law", "chinchilla", "--n-bootstrap", "40", "--json"])
+    assert result.exit_code == 0, result.output
+    fit = json.loads(result.stdout)
+    assert fit["law"] == "chinchilla" and fit["n_runs"] == 12
+    e = fit["params"]["E"]
+    assert e["lo"] <= e["value"] <= e["hi"] and abs(e["value"] - 1.8) < 0.15
+
+
+def test_forecast_json_on_a_table_has_the_documented_keys(tmp_path):
+    table = _chinchilla_table(tmp_path / "runs.csv")
+    n, d = 1e9, 2e10
+    result = runner.invoke(app, ["forecast", table, "--params-active", str(n), "--tokens", str(d), "--method", "chinchilla",
+                                 "--n-bootstrap", "40", "--json"])
+    assert result.exit_code == 0, result.output
+    forecast = json.loads(result.stdout)
+    truth = 1.8 + 400 / n**0.34 + 2000 / d**0.37
+    assert forecast["final_loss_lo"] <= forecast["final_loss"] <= forecast["final_loss_hi"]
+    assert forecast["final_loss_lo"] <= truth <= forecast["final_loss_hi"]
+    assert abs(forecast["final_loss"] / truth - 1) < 0.02
+
+
+def test_forecast_on_a_table_needs_a_target_description(tmp_path):
+    table = _chinchilla_table(tmp_path / "runs.csv")
+    result = runner.invoke(app, ["forecast", table])
+    assert result.exit_code == 2 and "--params-active N --tokens D" in result.output
+
+
+def test_bad_table_is_a_clear_error(tmp_path):
+    path = tmp_path / "bad.csv"
+    pd.DataFrame({"run": ["a", "b"], "step": [1, 1], "loss": [float("nan"), 2.0]}).to_csv(path, index=False)
+    result = runner.invoke(app, ["fit", str(path)])
+    assert result.exit_code in (1, 2) and "error:" in result.output and "Traceback" not in result.output
+
+
+def test_bad_experiment_exits_2_and_writes_nothing(tmp_path):
+    exp = tmp_path / "bad.py"
+    exp.write_text(
+        "from ladder import ExperimentSpec, TrainStep\n"
+        "from tests.ladder_helpers import tiny_spec\n"
+        "d = tiny_spec().model_dump(); d['model']['moe']['top_k'] = 9\n"
+        "step = TrainStep(name='x', spec=ExperimentSpec.model_validate(d))\n"
+    )
+    root = tmp_path / "root"
+    result = runner.invoke(app, ["submit", str(exp), "--root", str(root)])
+    assert result.exit_code == 2
+    assert "top_k=9 exceeds moe.num_experts=4" in result.output
+    assert not root.exists()
+
+
+def test_unknown_step_is_named(tmp_path):
+    result = runner.invoke(app, ["submit", "experiments/readme_example.py", "nope", "--root", str(tmp_path)])
+    assert result.exit_code == 2 and "no step named 'nope'" in result.output
+
+
+def test_plan_json_has_derived_numbers_and_writes_nothing(tmp_path):
+    root = tmp_path / "root"
+    result = runner.invoke(app, ["plan", "experiments/readme_example.py", "--root", str(root), "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    names = [s["name"] for s in plan["steps"]]
+    assert names == ["r32", "r48", "r64", "fit", "hero"]
+    hero = plan["steps"][-1]
+    assert hero["state"] == "pending" and hero["waits_for"] == ["fit"]
+    assert hero["derived"]["total_flops"] == pytest.approx(3 * hero["derived"]["flops_per_token"] * hero["derived"]["tokens"])
+    assert not root.exists()
+
+
+def test_readme_example_is_the_file_we_test():
+    text = open(README).read()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == open("experiments/readme_example.py").read()
+
+
+def test_dry_run_says_what_would_happen(tmp_path):
+    result = runner.invoke(app, ["submit", "experiments/readme_example.py", "--dry-run", "--root", str(tmp_path / "r")])
+    assert result.exit_code == 0
+    assert "r32" in result.output and "run" in result.output
+    assert not (tmp_path / "r").exists()
