@@ -31,7 +31,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_HELD, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 

@@ -111,3 +111,38 @@ def test_dry_run_says_what_would_happen(tmp_path):
     assert result.exit_code == 0
     assert "r32" in result.output and "run" in result.output
     assert not (tmp_path / "r").exists()
+
+
+def test_status_and_show_read_a_run(tmp_path):
+    """A finished training-shaped run dir: status reports progress and losses, show prints its metrics."""
+    exp = tmp_path / "exp.py"
+    exp.write_text(
+        "import json, os\n"
+        "from ladder import FunctionStep\n"
+        "def fake_run(ctx):\n"
+        "    with open(os.path.join(ctx.run_dir, 'metrics.jsonl'), 'w') as f:\n"
+        "        f.write(json.dumps({'step': 10, 'tokens': 100, 'train/loss': 3.5}) + '\\n')\n"
+        "        f.write(json.dumps({'step': 20, 'tokens': 200, 'train/loss': 3.0, 'eval/loss': 3.1}) + '\\n')\n"
+        "        f.write('{\"step\": 30, \"train/lo')\n"
+        "    return {'ok': True}\n"
+        "work = FunctionStep(name='work', fn=fake_run)\n"
+    )
+    from ladder.executor import StepTask, execute_step
+    from ladder.loader import load_experiment
+    from ladder.store import Store
+
+    loaded = load_experiment(str(exp))
+    store = Store(str(tmp_path / "root"))
+    outcome = execute_step(StepTask(step=loaded.dag["work"], fingerprint=loaded.dag.fingerprints["work"], store_url=store.url,
+                                    owner="test", deps={}, dependency_fingerprints={}))
+    assert outcome["outcome"] == "done"
+    status = runner.invoke(app, ["status", str(exp), "--root", str(tmp_path / "root"), "--json"])
+    assert status.exit_code == 0, status.output
+    [row] = json.loads(status.stdout)
+    assert row["state"] == "done"
+    run_dir = store.run_dir("work", loaded.dag.fingerprints["work"])
+    shown = runner.invoke(app, ["show", run_dir])
+    assert shown.exit_code == 0, shown.output
+    assert "metrics: 2 rows" in shown.output and '"state": "done"' in shown.output
+    missing = runner.invoke(app, ["show", str(tmp_path)])
+    assert missing.exit_code == 2 and "not a run directory" in missing.output
