@@ -297,6 +297,19 @@ def test_corrupt_newest_checkpoint_is_skipped_with_warning(reference_run, tmp_pa
     assert Checkpointer(ckpt_dir, every_steps=None, every_seconds=None, keep=2).steps() == [30, 40]
 
 
+def test_resuming_a_different_job_in_the_same_run_dir_fails_clearly(reference_run, tmp_path):
+    from trainer.loop import train
+
+    run_dir = str(tmp_path / "copy")
+    shutil.copytree(reference_run[0], run_dir)
+    job = tiny_job()
+    other = job.model_copy(update={"optimizer": job.optimizer.model_copy(update={"learning_rate": 5e-3})})
+    with pytest.raises(ValueError, match="different job"):
+        train(other, run_dir)
+    logging_only = job.model_copy(update={"train": job.train.model_copy(update={"log_every": 7})})
+    assert train(logging_only, run_dir).resumed_from_step == NUM_STEPS  # execution fields do not count
+
+
 def test_checkpoint_cadence_by_steps_and_by_time(tmp_path):
     from trainer.checkpoint import Checkpointer
 

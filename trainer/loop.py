@@ -273,8 +273,16 @@ def train(
 
     # ---- data, mesh, model ------------------------------------------------------------------
     pipeline = data_lib.build_data(job.data, seq_len=cfg.seq_len, num_steps=num_steps, model_vocab_size=cfg.vocab_size)
-    mesh = sharding.make_mesh(resolve_mesh_axes(job, jax.device_count()))
+    mesh_axes = resolve_mesh_axes(job, jax.device_count())
+    mesh = sharding.make_mesh(mesh_axes)
     batch_sharding = sharding.batch_sharding(mesh)
+    try:
+        batch_sharding.shard_shape((tcfg.batch_size, cfg.seq_len + 1))
+    except ValueError as err:
+        raise ValueError(
+            f"train.batch_size={tcfg.batch_size} does not split evenly over the mesh {mesh_axes} "
+            f"({mesh.devices.size} devices); pick a batch size divisible by the batch-sharded axes or change train.mesh."
+        ) from err
     replicated = NamedSharding(mesh, PartitionSpec())
     process_index, process_count = jax.process_index(), jax.process_count()
 
