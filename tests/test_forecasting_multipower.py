@@ -15,6 +15,7 @@ from forecasting.multipower import (
     ModelError,
     LRAnnealingLaw,
     MultiPowerLaw,
+    binned,
     bootstrap_multipower,
     calibrate_model_error,
     curve_from_table,
@@ -249,3 +250,18 @@ def test_bootstrap_resamples_curves_when_there_are_enough_and_bands_work_for_the
     assert np.mean((target.loss >= lo) & (target.loss <= hi)) > 0.8
     with pytest.raises(ValueError, match="law must be"):
         multipower_bands(thin, n_boot=2, law="chinchilla")
+
+
+def test_long_noisy_per_step_curves_are_binned_and_fit_well():
+    rng = np.random.default_rng(0)
+    steps = np.arange(2200, 16001, 4)  # 3,450 points per curve, 1% noise each
+    train = []
+    for name in ("cosine_16000", "constant_16000", "wsdcon_9"):
+        lr = multipowerlaw_schedule(name)
+        train.append(CurveData(name, lr, steps, PAPER_LIKE.predict(lr, steps) * np.exp(rng.normal(0, 0.01, steps.size))))
+    assert binned(train[0], 100).steps.size == 100 and binned(train[0], 10_000) is train[0]
+    law = fit_multipower(train, n_starts=1)  # default: 400 bins per curve
+    wsd = multipowerlaw_schedule("wsd_20000_24000")
+    check = np.arange(2200, 24001, 200)
+    truth = PAPER_LIKE.predict(wsd, check)
+    assert np.mean(np.abs(law.predict(wsd, check) / truth - 1)) < 0.002
