@@ -321,6 +321,20 @@ def test_checkpoint_cadence_by_steps_and_by_time(tmp_path):
     assert not any(never.due(s) for s in range(1, 50))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+def test_state_checksum_sees_a_one_bit_change(dtype):
+    import jax.numpy as jnp
+
+    from trainer.checkpoint import state_checksum
+
+    base = np.arange(12).reshape(3, 4).astype(dtype)
+    flipped = base.copy()
+    flipped.view(np.uint16 if flipped.itemsize == 2 else np.uint32)[1, 2] ^= 1
+    tree = {"a": jnp.asarray(base), "step": jnp.int32(3)}
+    assert state_checksum(tree) == state_checksum({"a": jnp.asarray(base.copy()), "step": jnp.int32(3)})
+    assert state_checksum(tree) != state_checksum({"a": jnp.asarray(flipped), "step": jnp.int32(3)})
+
+
 def test_read_metrics_tolerates_torn_last_line_and_applies_resume_markers(tmp_path):
     path = str(tmp_path / "metrics.jsonl")
     sink = JsonlSink(path)

@@ -35,10 +35,11 @@ def _leaf_checksums(tree: Any) -> list[jax.Array]:
         leaf = jnp.asarray(leaf)
         if leaf.dtype.itemsize == 8:
             leaf = leaf.astype(jnp.float32 if jnp.issubdtype(leaf.dtype, jnp.floating) else jnp.int32)
-        if leaf.dtype.itemsize == 4:
-            words = jax.lax.bitcast_convert_type(leaf, jnp.uint32)
-        else:
+        if leaf.dtype == jnp.bool_:
             words = leaf.astype(jnp.uint32)
+        else:
+            unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[leaf.dtype.itemsize]
+            words = jax.lax.bitcast_convert_type(leaf, unsigned).astype(jnp.uint32)
         sums.append(jnp.sum(words.ravel(), dtype=jnp.uint32))
     return sums
 
