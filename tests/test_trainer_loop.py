@@ -363,6 +363,19 @@ def test_wandb_mode_resolution(monkeypatch):
     assert resolve_wandb_mode("offline") == "offline"
 
 
+def test_wandb_failure_turns_wandb_off_instead_of_failing(tmp_path, caplog):
+    from trainer.metrics import WandbSink
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "wandb").write_text("a file where W&B wants its directory")
+    with caplog.at_level(logging.WARNING, logger="trainer.metrics"):
+        sink = WandbSink(mode="offline", project="ladder", run_dir=str(run_dir), config={})
+    assert sink.run is None and "W&B disabled" in caplog.text
+    sink.write({"step": 1, "train/loss": 1.0})  # a no-op, not an error
+    sink.close()
+
+
 def test_wandb_offline_run_lands_in_run_dir(ladder_cache, tmp_path, monkeypatch):
     from trainer.loop import train
 
