@@ -184,10 +184,10 @@ def test_bootstrap_gives_bands_that_contain_the_point_and_widen_with_extrapolati
 def test_model_error_calibration_measures_schedule_transfer_and_time_extrapolation():
     curves = load_multipowerlaw_dir(DATA / "csv_100")
     train = [curves[n] for n in TRAIN]
-    point = fit_multipower(train, n_starts=1, max_points_per_curve=50)
+    point = fit_multipower(train, n_starts=1, max_points_per_curve=80)
 
     def quick_fit(part):
-        return fit_multipower(part, n_starts=1, init=point, max_points_per_curve=50, group=32)
+        return fit_multipower(part, n_starts=1, init=point, max_points_per_curve=80, group=32)
 
     error = calibrate_model_error(train, quick_fit)
     assert 1e-4 < error.sigma_schedule < 0.02 and 1e-4 < error.kappa < 0.05
