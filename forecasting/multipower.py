@@ -21,14 +21,24 @@ LR-annealing law (Tissue et al. 2024, arXiv:2408.11029), a 4-parameter cousin wi
 
     L(s) = L0 + A * S1(s)^(-alpha) - C * S2(s),   S2(s) = sum_{i<=s} m_i,  m_i = lam*m_{i-1} + (eta_{i-1}-eta_i)
 
+(S1 includes the warmup; S2 counts LR changes after the warmup only; lam is fixed, 0.999 by default.)
+
+Fitting: Huber (delta = 1e-3) on log-loss residuals over every point of every curve, bounded trust-region
+least squares with an analytic Jacobian, a few starts (all reach the same optimum on the public data).
+Uncertainty (``multipower_bands`` -> ``CurveBands.predict_band``): bootstrap replicates (moving-block
+resampling of each curve's residuals; curves resampled too when there are >= 4), training residual
+scatter, and a systematic ``ModelError`` calibrated on the training curves (leave-one-curve-out and a
+first-half/second-half time backtest), combined in quadrature on the log scale.
+
 Arrays: ``lr`` is the LR of every optimizer step 1..T (``lr[i]`` is the LR of step ``i+1``); ``steps``
 are 1-based step numbers <= T at which the loss was logged / is wanted.
 
 Cost: LD needs, for each requested step, a sum over all decay steps before it (O(n_steps * n_decays)).
 Decay steps are compressed into groups of consecutive steps that no requested step splits; a group is
 represented by its total LR drop and its drop-weighted mean position. ``group=1`` is exact and the
-default for ``predict``; fits use ``group=16`` (the approximation changes predictions by < 1e-5
-relative on the public curves; see the tests).
+default for ``predict``; fits use ``group=16`` (the approximation changes predictions by < 2e-5
+relative on the public schedules; see the tests). Rows are processed in blocks that skip the decay groups
+lying after the block's last step.
 
 Data of the public backtest (``shared/data/multipowerlaw``): files log (step, lr, loss) every 128
 steps after a 2,160-step linear warmup; ``multipowerlaw_schedule`` rebuilds the per-step schedule from

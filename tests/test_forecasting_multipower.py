@@ -68,12 +68,13 @@ def test_constant_lr_has_no_drop_and_a_cooldown_lowers_the_loss():
     assert p_cooled[2] < p_const[2] - 0.02  # a 10x cooldown buys several hundredths of loss
 
 
-def test_grouped_decay_steps_change_predictions_by_less_than_1e5():
-    lr = multipowerlaw_schedule("cosine_72000")
-    steps = np.arange(2160, 72001, 128)
+@pytest.mark.parametrize("name", ["cosine_72000", "wsd_20000_24000"])
+def test_grouped_decay_steps_change_predictions_by_less_than_2e5(name):
+    lr = multipowerlaw_schedule(name)
+    steps = np.arange(2160, lr.size + 1, 128)
     exact = PAPER_LIKE.predict(lr, steps)
     grouped = PAPER_LIKE.predict(lr, steps, group=16)
-    assert np.max(np.abs(grouped / exact - 1)) < 1e-5
+    assert np.max(np.abs(grouped / exact - 1)) < 2e-5
 
 
 @needs_data
