@@ -200,14 +200,14 @@ def _batched_experts(x_ExCxD: jax.Array, experts: dict) -> jax.Array:
     return jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate) * up, experts["w_down"])
 
 
-def expert_ranks(ids_A: jax.Array, num_experts: int) -> jax.Array:
+def expert_ranks(ids_A: jax.Array, num_experts: int, *, max_onehot_elements: int = 1 << 24) -> jax.Array:
     """Each assignment's rank among earlier assignments to the same expert (its buffer row).
 
     A running count over a one-hot [A, E] matrix is ~3x cheaper than a sort on CPU; for large A*E
     (hundreds of experts on accelerators) a stable argsort keeps memory linear in A.
     """
     num_assign = ids_A.shape[0]
-    if num_assign * num_experts <= 1 << 24:
+    if num_assign * num_experts <= max_onehot_elements:
         onehot_AxE = jax.nn.one_hot(ids_A, num_experts, dtype=jnp.int32)
         return jnp.sum((jnp.cumsum(onehot_AxE, axis=0) - 1) * onehot_AxE, axis=1)
     order_A = jnp.argsort(ids_A, stable=True)
