@@ -326,6 +326,8 @@ class MultiPowerLaw(BaseModel):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MultiPowerLaw":
+        if data.get("law", "multi_power") != "multi_power":
+            raise ValueError(f"expected a multi_power law, got {data['law']!r}.")
         return cls.model_validate({k: v for k, v in data.items() if k != "law"})
 
     def as_vector(self) -> np.ndarray:
@@ -363,6 +365,8 @@ class LRAnnealingLaw(BaseModel):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LRAnnealingLaw":
+        if data.get("law", "lr_annealing") != "lr_annealing":
+            raise ValueError(f"expected a lr_annealing law, got {data['law']!r}.")
         return cls.model_validate({k: v for k, v in data.items() if k != "law"})
 
 

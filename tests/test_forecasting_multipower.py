@@ -120,6 +120,8 @@ def test_round_trip_and_formula():
     assert "S_W" in PAPER_LIKE.formula() and "2.78" in PAPER_LIKE.formula()
     tissue = LRAnnealingLaw(L0=2.8, A=0.6, alpha=0.45, C=0.5)
     assert LRAnnealingLaw.from_dict(tissue.to_dict()) == tissue
+    with pytest.raises(ValueError, match="expected a multi_power law"):
+        MultiPowerLaw.from_dict(tissue.to_dict())
 
 
 def test_bad_inputs_give_clear_errors():
