@@ -58,6 +58,9 @@ class LadderFit(BaseModel):
     def params_table(self) -> pd.DataFrame:
         return pd.DataFrame([{"param": k, **v.model_dump()} for k, v in self.params.items()])
 
+    def residuals_table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.residuals)
+
 
 class BacktestReport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

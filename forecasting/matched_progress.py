@@ -41,7 +41,6 @@ class ProgressFit(BaseModel):
     alpha: list[float] = Field(description="alpha_g per fraction.")
     n_runs: list[int] = Field(description="Rungs used at each fraction.")
     sse: float = Field(description="Total squared log residual over all fractions.")
-    early_slope: float = Field(0.0, description="d log(L-E) / d log g used below the first grid fraction (per unit C).")
 
     def predict_at_grid(self, flops_full: float) -> np.ndarray:
         """Prediction at each grid fraction for a run of total compute `flops_full`."""

@@ -30,7 +30,6 @@ spec.json + metrics.jsonl, fsspec URLs allowed), `from_records` (tables built in
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 
@@ -242,7 +241,3 @@ def run_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run: its last point (final loss) plus the run-level constants."""
     last = table.sort_values("step").groupby("run", sort=True).tail(1).set_index("run").sort_index()
     return last
-
-
-def is_finite_positive(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0

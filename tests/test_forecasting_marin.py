@@ -92,6 +92,18 @@ def test_refit_with_hero_prefix_to_18k_within_half_percent(marin, ladder_forecas
     assert r.method == "refit" and r.inputs_fingerprint != ladder_forecast.inputs_fingerprint
 
 
+def test_refit_band_tightens_as_the_live_prefix_grows(marin, ladder_forecast):
+    table, _, observed, target = marin
+    width = {}
+    for last in (18000, 30000):
+        r = refit_forecast(table, target, observed[observed["step"] <= last], prior=ladder_forecast)
+        _, lo, hi = r.band_at(38999)
+        width[last] = hi - lo
+        assert lo <= float(observed.loc[observed["step"] == 38999, "loss"].iloc[0]) <= hi
+    _, lo, hi = ladder_forecast.band_at(38999)
+    assert width[30000] < width[18000] < hi - lo
+
+
 def test_forecast_json_round_trip(ladder_forecast):
     text = ladder_forecast.to_json()
     back = Forecast.from_json(text)
