@@ -48,7 +48,7 @@ def _summarise(method: str, kind: str, held: list[str], rel: list[float], dist: 
         rms_rel_error=float(np.sqrt(np.mean(r**2))),
         max_abs_rel_error=float(np.abs(r).max()),
         distance=float(d.mean()),
-        rate=float(np.sqrt(np.mean((r / d) ** 2))),
+        rate=float(np.sqrt(np.mean(r**2)) / d.mean()),
         n_points=int(len(r)),
     )
 

@@ -70,7 +70,10 @@ class BacktestResult(BaseModel):
     rms_rel_error: float = Field(description="RMS relative error.")
     max_abs_rel_error: float = Field(description="Worst absolute relative error.")
     distance: float = Field(description="Extrapolation distance of the backtest (decades of compute, or ln of step ratio).")
-    rate: float = Field(description="rms_rel_error / distance: error per unit of extrapolation, used to widen bands.")
+    rate: float = Field(
+        description="rms_rel_error / mean distance: error per unit of extrapolation (error assumed to grow "
+        "linearly with distance), used to widen bands."
+    )
     n_points: int = Field(description="Points scored.")
 
 

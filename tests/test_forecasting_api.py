@@ -65,3 +65,12 @@ def test_auto_uses_the_schedule_aware_curve_law_for_a_same_size_target():
     assert f.method == "multipower"
     pred = np.array([f.band_at(s)[0] for s in target_curve.steps])
     assert np.mean(np.abs(pred / target_curve.loss - 1)) < 0.005
+
+
+def test_chinchilla_ordered_backtest_fits_small_compute_predicts_large():
+    t = chinchilla_points(DATA / "chinchilla_svg_extracted_data.csv")
+    rep = backtest(t)
+    res = rep.results[0]
+    assert rep.method == "chinchilla" and res.kind == "compute"
+    assert res.n_points == 48  # the top 20% of runs by compute, never seen by the fit
+    assert res.rms_rel_error < 0.03 and res.rate > 0
