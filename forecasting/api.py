@@ -50,10 +50,23 @@ class LadderFit(BaseModel):
     n_points: int
     n_bootstrap: int = Field(description="Bootstrap refits that succeeded.")
     objective: float | None = Field(None, description="Huber objective at the optimum (chinchilla).")
+    final_run: str = Field(description="The ladder's largest-compute run: final_loss* are the law's fit there.")
+    final_loss: float = Field(description="The law's fitted final loss of final_run.")
+    final_loss_lo: float = Field(description="Lower 95% bootstrap-over-runs bound of final_loss.")
+    final_loss_hi: float = Field(description="Upper 95% bootstrap-over-runs bound of final_loss.")
     warnings: list[str] = Field(default_factory=list)
 
     def to_json(self, **kw) -> str:
         return self.model_dump_json(**kw)
+
+    def summary(self) -> dict:
+        """Flat dict for --json: law, formula, parameters with intervals, final-loss keys, warnings."""
+        return {
+            "law": self.law, "formula": self.formula, "n_runs": self.n_runs,
+            "params": {k: v.model_dump() for k, v in self.params.items()},
+            "final_run": self.final_run, "final_loss": self.final_loss,
+            "final_loss_lo": self.final_loss_lo, "final_loss_hi": self.final_loss_hi, "warnings": list(self.warnings),
+        }
 
     def params_table(self) -> pd.DataFrame:
         return pd.DataFrame([{"param": k, **v.model_dump()} for k, v in self.params.items()])
@@ -73,6 +86,18 @@ class BacktestReport(BaseModel):
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame([r.model_dump() for r in self.results])
+
+    def summary(self) -> dict:
+        """Flat dict for --json. final_loss*: the compute backtest's prediction of its largest held-out run
+        (at its last point) with a +-1.96 * RMS-backtest-error band; final_loss_actual: what it reached."""
+        out = {"method": self.method, "results": [r.model_dump() for r in self.results], "warnings": list(self.warnings)}
+        comp = next((r for r in self.results if r.kind == "compute" and r.final_predicted is not None), None)
+        out["final_run"] = comp.final_run if comp else None
+        out["final_loss"] = comp.final_predicted if comp else None
+        out["final_loss_lo"] = comp.final_predicted * (1 - Z95 * comp.rms_rel_error) if comp else None
+        out["final_loss_hi"] = comp.final_predicted * (1 + Z95 * comp.rms_rel_error) if comp else None
+        out["final_loss_actual"] = comp.final_actual if comp else None
+        return out
 
 
 # ---------------------------------------------------------------- loading
@@ -155,6 +180,8 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
             raise FitError(f"the Chinchilla fit did not converge: {diag.message}")
         names = ("E", "A", "B", "alpha", "beta")
         samples: dict[str, list[float]] = {k: [] for k in names}
+        top = int(np.argmax(n * d))
+        top_preds = []
         start = np.array([math.log(fit.A), math.log(fit.B), math.log(fit.E), fit.alpha, fit.beta])
         for w in run_weights(final["run"], n_bootstrap, seed, min_distinct=6):
             try:
@@ -164,19 +191,23 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
             if bd.converged:
                 for k in names:
                     samples[k].append(getattr(b, k))
+                top_preds.append(float(b.predict(n[top], d[top])))
         params = {k: percentile_interval(np.array(samples[k]), getattr(fit, k)) for k in names}
         pred = fit.predict(n, d)
         n_ok = len(samples["E"])
         _warn_boot(n_ok, n_bootstrap, warn)
         return LadderFit(
             law="chinchilla", formula=fit.formula(), params=params, residuals=_residuals(final, pred),
-            n_runs=len(final), n_points=len(final), n_bootstrap=n_ok, objective=diag.objective, warnings=warn,
+            n_runs=len(final), n_points=len(final), n_bootstrap=n_ok, objective=diag.objective,
+            **_final_fields(str(final["run"].iloc[top]), float(pred[top]), top_preds), warnings=warn,
         )
     if law == "compute":
         final = _final_table(table, warn)
         c, y = _run_compute_final(final), final["loss"].to_numpy(float)
         fit = fit_compute_law(c, y)
         samples = {k: [] for k in ("E", "A", "alpha")}
+        top = int(np.argmax(c))
+        top_preds = []
         for w in run_weights(final["run"], n_bootstrap, seed, min_distinct=3):
             try:
                 b = fit_compute_law(c, y, weights=w)
@@ -184,16 +215,23 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
                 continue
             for k in samples:
                 samples[k].append(getattr(b, k))
+            top_preds.append(float(b.predict(c[top])))
         params = {k: percentile_interval(np.array(v), getattr(fit, k)) for k, v in samples.items()}
         _warn_boot(len(samples["E"]), n_bootstrap, warn)
         return LadderFit(
             law="compute", formula=fit.formula(), params=params, residuals=_residuals(final, fit.predict(c)),
-            n_runs=len(final), n_points=len(final), n_bootstrap=len(samples["E"]), warnings=warn,
+            n_runs=len(final), n_points=len(final), n_bootstrap=len(samples["E"]),
+            **_final_fields(str(final["run"].iloc[top]), float(fit.predict(c[top])), top_preds), warnings=warn,
         )
     if law == "matched_progress":
         fit = fit_profiled(table)
         samples = {k: [] for k in ("E", "alpha_final", "log_A_final")}
         runs = sorted(table["run"].unique())
+        last = table.sort_values("step").groupby("run").tail(1)
+        comp = (last["flops"] / last["fraction"]).to_numpy()
+        top = int(np.argmax(comp))
+        top_g, top_c = float(last["fraction"].iloc[top]), float(comp[top])
+        top_preds = []
         for w in run_weights(runs, n_bootstrap, seed, min_distinct=3):
             try:
                 b = fit_profiled(table, weights=dict(zip(runs, w, strict=True)))
@@ -202,19 +240,24 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
             samples["E"].append(b.E)
             samples["alpha_final"].append(b.alpha[-1])
             samples["log_A_final"].append(b.log_A[-1])
+            top_preds.append(float(b.predict(top_g, top_c)[0]))
         point = {"E": fit.E, "alpha_final": fit.alpha[-1], "log_A_final": fit.log_A[-1]}
         params = {k: percentile_interval(np.array(v), point[k]) for k, v in samples.items()}
         _warn_boot(len(samples["E"]), n_bootstrap, warn)
         if len(runs) < 5:
             warn.append(f"only {len(runs)} rungs: run-level bootstrap intervals are coarse")
-        last = table.sort_values("step").groupby("run").tail(1)
-        comp = (last["flops"] / last["fraction"]).to_numpy()
         pred = np.array([fit.predict(f, c)[0] for f, c in zip(last["fraction"], comp, strict=True)])
         return LadderFit(
             law="matched_progress", formula=fit.formula(), params=params, residuals=_residuals(last, pred),
-            n_runs=len(runs), n_points=len(table), n_bootstrap=len(samples["E"]), warnings=warn,
+            n_runs=len(runs), n_points=len(table), n_bootstrap=len(samples["E"]),
+            **_final_fields(str(last["run"].iloc[top]), float(pred[top]), top_preds), warnings=warn,
         )
     raise ValueError(f"unknown law {law!r}; choose from {METHODS} or 'auto'")
+
+
+def _final_fields(run: str, value: float, boot: list[float]) -> dict:
+    iv = percentile_interval(np.array(boot), value) if boot else _no_interval(value)
+    return {"final_run": run, "final_loss": iv.value, "final_loss_lo": iv.lo, "final_loss_hi": iv.hi}
 
 
 def _residuals(final: pd.DataFrame, pred: np.ndarray) -> list[dict]:

@@ -33,7 +33,9 @@ def run_compute(table: pd.DataFrame) -> pd.Series:
     raise FitError("a compute backtest needs flops, or params_active and tokens, per run")
 
 
-def _summarise(method: str, kind: str, held: list[str], rel: list[float], dist: list[float]) -> BacktestResult:
+def _summarise(
+    method: str, kind: str, held: list[str], rel: list[float], dist: list[float], final: tuple | None = None
+) -> BacktestResult:
     r = np.asarray(rel, dtype=float)
     d = np.asarray(dist, dtype=float)
     ok = np.isfinite(r) & (d > 0)
@@ -50,6 +52,9 @@ def _summarise(method: str, kind: str, held: list[str], rel: list[float], dist: 
         distance=float(d.mean()),
         rate=float(np.sqrt(np.mean(r**2)) / d.mean()),
         n_points=int(len(r)),
+        final_run=None if final is None else str(final[0]),
+        final_predicted=None if final is None else float(final[1]),
+        final_actual=None if final is None else float(final[2]),
     )
 
 
@@ -69,7 +74,8 @@ def backtest_matched_progress(table: pd.DataFrame, *, min_runs: int = 3) -> Back
         rel.extend((pred / target["loss"].to_numpy() - 1)[inside])
         dist.extend([np.log10(comp.iloc[k] / comp.iloc[k - 1])] * int(inside.sum()))
         held.append(runs[k])
-    return _summarise("matched_progress", "compute", held, rel, dist)
+        final = (runs[k], float(pred[-1]), float(target["loss"].iloc[-1]))
+    return _summarise("matched_progress", "compute", held, rel, dist, final)
 
 
 def _final_points(table: pd.DataFrame) -> pd.DataFrame:
@@ -99,7 +105,8 @@ def backtest_final_law(table: pd.DataFrame, law: str, *, holdout_fraction: float
     dist = np.log10(comp.loc[held].to_numpy() / c_max)
     # a held-out run at the same compute as the largest fitted one still extrapolates a little
     dist = np.maximum(dist, 0.05)
-    return _summarise(law, "compute", held, list(rel), list(dist))
+    final = (held[-1], float(np.asarray(pred)[-1]), float(f.loc[held[-1], "loss"]))
+    return _summarise(law, "compute", held, list(rel), list(dist), final)
 
 
 def backtest_prefix(

@@ -75,6 +75,9 @@ class BacktestResult(BaseModel):
         "linearly with distance), used to widen bands."
     )
     n_points: int = Field(description="Points scored.")
+    final_run: str | None = Field(None, description="The largest held-out run (its last point is reported below).")
+    final_predicted: float | None = Field(None, description="Predicted loss at final_run's last point.")
+    final_actual: float | None = Field(None, description="Observed loss at final_run's last point.")
 
 
 class Forecast(BaseModel):

@@ -74,3 +74,14 @@ def test_chinchilla_ordered_backtest_fits_small_compute_predicts_large():
     assert rep.method == "chinchilla" and res.kind == "compute"
     assert res.n_points == 48  # the top 20% of runs by compute, never seen by the fit
     assert res.rms_rel_error < 0.03 and res.rate > 0
+
+
+def test_cli_json_documents_carry_final_loss_keys():
+    table, _, _ = marin_ladder(DATA / "marin_535b_ladder")
+    fit = fit_ladder(table, n_bootstrap=10).summary()
+    rep = backtest(table).summary()
+    for doc in (fit, rep):
+        doc = json.loads(json.dumps(doc))
+        assert doc["final_loss_lo"] <= doc["final_loss"] <= doc["final_loss_hi"]
+    assert fit["final_run"] == "d2048" and rep["final_run"] == "d2048"
+    assert abs(rep["final_loss"] / rep["final_loss_actual"] - 1) < 0.02
