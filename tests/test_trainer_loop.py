@@ -270,6 +270,25 @@ def test_should_stop_checkpoints_and_resume_continues_exactly(reference_run, tmp
     assert train_losses(run_dir) == train_losses(reference_run[0])
 
 
+def test_ctrl_c_checkpoints_before_exiting_and_resume_continues_exactly(reference_run, tmp_path):
+    from trainer.loop import train
+
+    calls = []
+
+    def interrupt_at_step_nine():
+        calls.append(1)
+        if len(calls) > 9:
+            raise KeyboardInterrupt
+        return False
+
+    run_dir = str(tmp_path / "interrupted")
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_job(), run_dir, should_stop=interrupt_at_step_nine)
+    assert os.path.isdir(os.path.join(run_dir, "checkpoints", "9"))
+    assert train(tiny_job(), run_dir).resumed_from_step == 9
+    assert train_losses(run_dir) == train_losses(reference_run[0])
+
+
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
 def test_corrupt_newest_checkpoint_is_skipped_with_warning(reference_run, tmp_path, caplog, damage):
     from trainer.checkpoint import Checkpointer

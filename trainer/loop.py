@@ -569,6 +569,20 @@ def train(
         if stopped:
             save(state, step)
         checkpointer.wait()
+    except KeyboardInterrupt:
+        # Best effort: the state's own step counter is authoritative (the interrupt may land between
+        # the dispatch of a step and the host's bookkeeping); a donated, half-dispatched state fails
+        # to save and the newest periodic checkpoint stays the resume point.
+        try:
+            if pending is not None:
+                process(*pending)
+            saved_step = int(jax.device_get(state["step"]))
+            log.warning("interrupted; saving a checkpoint at step %d before exiting", saved_step)
+            save(state, saved_step)
+            checkpointer.wait()
+        except Exception as err:  # noqa: BLE001
+            log.warning("could not checkpoint the interrupted state (%s); resume uses the newest checkpoint", err)
+        raise
     finally:
         progress.close()
         checkpointer.close()
