@@ -70,28 +70,43 @@ class ProgressFit(BaseModel):
         )
 
 
-def progress_grid(table: pd.DataFrame, grid_step: float = 0.05) -> pd.DataFrame:
-    """One row per (run, grid fraction): the loss snapped to the nearest grid cell and the run's total compute.
+def progress_grid(table: pd.DataFrame, grid_step: float = 0.05, *, mode: str = "interpolate") -> pd.DataFrame:
+    """One row per (run, grid fraction): the run's loss at that fraction and the run's total compute.
 
-    Needs columns run, step, loss, fraction, flops. Within a cell the later eval wins (Marin's rule).
+    Needs columns run, step, loss, fraction, flops.
+    mode="snap" (Marin's rule, for the baseline): each eval goes to the nearest grid cell, a later eval
+    overwrites an earlier one in the same cell. Right only when evals sit on the grid.
+    mode="interpolate" (default): each run's loss is interpolated linearly in (log g, log loss) at the
+    grid fractions inside its logged range (a cell within 1% of the range's ends takes the end value),
+    so evals at any cadence give the loss at the same progress.
     """
     need = [c for c in ("run", "step", "loss", "fraction", "flops") if c not in table.columns]
     if need:
         raise FitError(f"matched progress needs columns {need} in the table of runs")
     t = table.sort_values(["run", "step"])
+    t = t[t["fraction"] > 0]
     n_cells = round(1.0 / grid_step)
-    g = np.round(np.round(t["fraction"].to_numpy() / grid_step) * grid_step, 6)
-    out = pd.DataFrame(
-        {
-            "run": t["run"].to_numpy(),
-            "g": g,
-            "loss": t["loss"].to_numpy(),
-            "flops_full": t["flops"].to_numpy() / t["fraction"].to_numpy(),
-        }
-    )
-    out = out[(out["g"] > 0) & (out["g"] <= 1.0 + 1e-9) & (np.round(out["g"] / grid_step) <= n_cells)]
-    out = out.groupby(["run", "g"], sort=True).last().reset_index()
-    full = out.groupby("run")["flops_full"].median()
+    grid = np.round(np.arange(1, n_cells + 1) * grid_step, 6)
+    full = (t["flops"] / t["fraction"]).groupby(t["run"]).median()
+    if mode == "snap":
+        g = np.round(np.round(t["fraction"].to_numpy() / grid_step) * grid_step, 6)
+        out = pd.DataFrame({"run": t["run"].to_numpy(), "g": g, "loss": t["loss"].to_numpy()})
+        out = out[(out["g"] > 0) & (np.round(out["g"] / grid_step) <= n_cells)]
+        out = out.groupby(["run", "g"], sort=True).last().reset_index()
+    elif mode == "interpolate":
+        parts = []
+        for run, c in t.groupby("run", sort=True):
+            c = c.groupby("fraction", as_index=False)["loss"].last()
+            lg, ly = np.log(c["fraction"].to_numpy()), np.log(c["loss"].to_numpy())
+            cells = grid[(grid >= np.exp(lg[0]) * 0.99) & (grid <= np.exp(lg[-1]) * 1.01)]
+            if len(cells) == 0:
+                continue
+            parts.append(pd.DataFrame({"run": run, "g": cells, "loss": np.exp(np.interp(np.log(cells), lg, ly))}))
+        if not parts:
+            raise FitError("no run's logged fractions reach a grid cell")
+        out = pd.concat(parts, ignore_index=True)
+    else:
+        raise ValueError(f"mode must be 'snap' or 'interpolate'; got {mode!r}")
     out["flops_full"] = out["run"].map(full)
     return out
 
@@ -149,7 +164,7 @@ def _per_fraction_many(
 
 def marin_baseline(table: pd.DataFrame, *, grid_step: float = 0.05) -> ProgressFit:
     """Marin's matched-progress fit, reproduced exactly (fixed asymptote 1.5, crashed-rung extension +0.005)."""
-    cells = progress_grid(table, grid_step)
+    cells = progress_grid(table, grid_step, mode="snap")
     grid = np.round(np.arange(1, round(1 / grid_step) + 1) * grid_step, 6)
     cells = _extend_crashed(cells, grid, window=5, correction=MARIN_CRASH_CORRECTION)
     if cells["run"].nunique() < 2:
