@@ -248,3 +248,23 @@ def test_expert_ranks_by_running_count_equal_the_sort_path():
     ids_np = np.asarray(ids)
     expected = [int(np.sum(ids_np[:i] == ids_np[i])) for i in range(300)]
     assert by_count.tolist() == expected and by_sort.tolist() == expected
+
+
+@pytest.mark.parametrize("length,kv,window", [(200, 2, None), (200, 1, 37), (130, 4, 100)])
+def test_blocked_attention_equals_plain_masked_softmax(length, kv, window):
+    """Query blocks (64 rows) that skip impossible keys must give exactly full masked attention."""
+    heads, d, hd = 4, 64, 16
+    cfg = ModelConfig(hidden_dim=d, num_layers=1, num_heads=heads, num_kv_heads=kv, seq_len=length)
+    p = model.init_params(cfg, jax.random.key(0))["blocks"]["000"]["attention"]
+    x = jax.random.normal(jax.random.key(1), (2 * length, d))
+    cos, sin = model.rotary_tables(length, hd, cfg.rope_theta)
+
+    def heads_of(w, n):
+        return (x @ w.reshape(d, -1)).reshape(2, length, n, hd)
+
+    q = model.apply_rotary(heads_of(p["wq"], heads), cos, sin)
+    k = jnp.repeat(model.apply_rotary(heads_of(p["wk"], kv), cos, sin), heads // kv, axis=2)
+    v = jnp.repeat(heads_of(p["wv"], kv), heads // kv, axis=2)
+    scores = jnp.einsum("bqhk,blhk->bhql", q, k) / np.sqrt(hd) + model.attention_mask_bias(length, window)
+    ref = jnp.einsum("bhql,blhk->bqhk", jax.nn.softmax(scores, -1), v).reshape(-1, heads * hd) @ p["wo"].reshape(-1, d)
+    np.testing.assert_allclose(model.attention(p, x, 2, cfg, window), ref, rtol=1e-5, atol=1e-6)

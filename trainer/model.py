@@ -210,13 +210,23 @@ def attention_mask_bias(seq_len: int, window: int | None) -> np.ndarray:
     return np.where(allowed, 0.0, _MASKED).astype(np.float32)
 
 
+def query_block_size(seq_len: int) -> int:
+    """Query rows per attention block: 64, or more so that there are at most 16 blocks."""
+    return max(64, -(-seq_len // 16))
+
+
 def attention(p: dict, x_TxD: jax.Array, batch: int, cfg: ModelConfig, window: int | None) -> jax.Array:
     """Rotary grouped-query attention over tokens flattened to [T = B*L, D], written as plain GEMMs.
 
-    Projections are 2-D matmuls on [T, D] (XLA:CPU ran a 3-D SwiGLU 3-4x slower than the same
-    flattened one). Query heads sharing a KV head are folded into the row dimension
-    ([B, G, (H/G)*L, K] @ [B, G, K, L]), so each KV head is read once. Measured fwd+bwd at B16 L256
-    H4 K32: 46 ms, against 64 ms for 3-D einsums and 68 ms for ``jax.nn.dot_product_attention``.
+    - Projections are 2-D matmuls on [T, D] (XLA:CPU ran a 3-D SwiGLU 3-4x slower than the same
+      flattened one).
+    - Query heads sharing a KV head are folded into the row dimension ([B, G, (H/G)*Lq, K] x
+      [B, G, Lk, K]), so each KV head is read once.
+    - Queries are processed in blocks that only see the keys their mask can allow: keys after the
+      block (causal) and before its window are never computed, which cuts causal score FLOPs to
+      ~(n+1)/2n of full attention and local layers to about their window.
+    Measured fwd+bwd at B16 L256 H4 K32 (min of 8, loaded machine): 58 ms with 64-row blocks, against
+    100 ms for one full masked block and ~70 ms for ``jax.nn.dot_product_attention``.
     """
     d = x_TxD.shape[-1]
     length = x_TxD.shape[0] // batch
@@ -229,16 +239,27 @@ def attention(p: dict, x_TxD: jax.Array, batch: int, cfg: ModelConfig, window: i
         n = w_DxNxK.shape[1]
         return (x_TxD @ w_DxNxK.reshape(d, n * head_dim)).reshape(batch, length, n, head_dim)
 
-    q_BxLxHxK = apply_rotary(project(p["wq"]), cos, sin) * head_dim**-0.5
-    k_BxLxGxK = apply_rotary(project(p["wk"]), cos, sin)
-    v_BxLxGxK = project(p["wv"])
-    q_rows = q_BxLxHxK.transpose(0, 2, 1, 3).reshape(batch, num_kv, group * length, head_dim)
-    k_BxGxKxL = k_BxLxGxK.transpose(0, 2, 3, 1)
-    v_BxGxLxK = v_BxLxGxK.transpose(0, 2, 1, 3)
-    scores = (q_rows @ k_BxGxKxL).reshape(batch, num_kv, group, length, length)
-    probs = jax.nn.softmax(scores + attention_mask_bias(length, window), axis=-1)
-    out = probs.reshape(batch, num_kv, group * length, length) @ v_BxGxLxK
-    out_TxHK = out.reshape(batch, num_heads, length, head_dim).transpose(0, 2, 1, 3).reshape(-1, num_heads * head_dim)
+    q_BxGxNxLxK = (
+        (apply_rotary(project(p["wq"]), cos, sin) * head_dim**-0.5)
+        .transpose(0, 2, 1, 3)
+        .reshape(batch, num_kv, group, length, head_dim)
+    )
+    k_BxGxLxK = apply_rotary(project(p["wk"]), cos, sin).transpose(0, 2, 1, 3)
+    v_BxGxLxK = project(p["wv"]).transpose(0, 2, 1, 3)
+    mask_LxL = attention_mask_bias(length, window)
+    block = query_block_size(length)
+    outputs = []
+    for q_start in range(0, length, block):
+        q_end = min(length, q_start + block)
+        k_start = 0 if window is None else max(0, q_start - window + 1)
+        rows = group * (q_end - q_start)
+        q_rows = q_BxGxNxLxK[:, :, :, q_start:q_end].reshape(batch, num_kv, rows, head_dim)
+        scores = jnp.einsum("bgqk,bglk->bgql", q_rows, k_BxGxLxK[:, :, k_start:q_end])
+        scores = scores.reshape(batch, num_kv, group, q_end - q_start, q_end - k_start)
+        probs = jax.nn.softmax(scores + mask_LxL[q_start:q_end, k_start:q_end], axis=-1)
+        out = jnp.einsum("bgql,bglk->bgqk", probs.reshape(batch, num_kv, rows, -1), v_BxGxLxK[:, :, k_start:q_end])
+        outputs.append(out.reshape(batch, num_heads, q_end - q_start, head_dim))
+    out_TxHK = jnp.concatenate(outputs, axis=2).transpose(0, 2, 1, 3).reshape(-1, num_heads * head_dim)
     return out_TxHK @ p["wo"].reshape(num_heads * head_dim, d)
 
 
