@@ -13,6 +13,23 @@ Band composition (every forecast; relative sigmas added in quadrature, band = +-
   the rungs and the target; it is measured, never a constant,
 - extrapolation below the first progress fraction the ladder logged (matched progress only): the
   extension rule's own error on the rungs, per unit of ln g, times the distance in ln g.
+
+Methods (`method="auto"` picks): `multipower` when the table holds curves of the target's own size
+with logged LR and the target's schedule is given (CURVE's Multi-Power Law); `matched_progress` for a
+ladder of >= 3 whole curves (fraction + flops columns); `chinchilla` for >= 6 finished runs over >= 2
+sizes; `compute` (L(C) with profiled E) otherwise.
+
+JSON documents for the CLI (`--json`), all plain dicts of str/float/list:
+- `LadderFit.summary()`: law, formula, n_runs, params {name: {value, lo, hi, level}}, final_run,
+  final_loss, final_loss_lo, final_loss_hi (the law's fit at the ladder's largest run, 95% bootstrap
+  over runs), warnings.
+- `Forecast.summary()`: target, method, version, final_loss, final_loss_lo, final_loss_hi, level, law,
+  created_at, warnings; `Forecast.to_json()` is the full object (curve, params, backtest, band_terms).
+- `BacktestReport.summary()`: method, results [BacktestResult...], final_run, final_loss,
+  final_loss_lo, final_loss_hi (the compute backtest's prediction of its largest held-out run, +-1.96
+  RMS backtest error), final_loss_actual, warnings.
+Tables: `LadderFit.params_table()`, `LadderFit.residuals_table()`, `Forecast.curve_frame()`,
+`BacktestReport.table()`.
 """
 
 from __future__ import annotations
