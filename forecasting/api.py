@@ -50,7 +50,7 @@ from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table
 from forecasting.matched_progress import early_extension_error, fit_profiled
 from forecasting.refit import fit_curve, schedule_features
-from forecasting.table import TableError, from_run_dirs, read_table_file, validate_table
+from forecasting.table import TableError, find_duplicate_runs, from_run_dirs, read_table_file, validate_table
 
 Z95 = 1.959963984540054
 METHODS = ("matched_progress", "chinchilla", "compute", "multipower")
@@ -187,8 +187,9 @@ def _run_compute_final(final: pd.DataFrame) -> np.ndarray:
 def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200, seed: int = 0) -> LadderFit:
     """Fit a law to the ladder with bootstrap-over-runs intervals on every parameter."""
     table = validate_table(table)
-    law = choose_method(table) if law == "auto" else law
     warn: list[str] = []
+    table = _drop_duplicate_runs(table, warn)
+    law = choose_method(table) if law == "auto" else law
     if law == "chinchilla":
         final = _final_table(table, warn)
         n, d, y = (final[c].to_numpy(float) for c in ("params_active", "tokens", "loss"))
@@ -277,6 +278,14 @@ def _final_fields(run: str, value: float, boot: list[float]) -> dict:
     return {"final_run": run, "final_loss": iv.value, "final_loss_lo": iv.lo, "final_loss_hi": iv.hi}
 
 
+def _drop_duplicate_runs(table: pd.DataFrame, warn: list[str]) -> pd.DataFrame:
+    pairs = find_duplicate_runs(table)
+    if pairs:
+        warn.append(f"identical runs under different names (kept the first, dropped the copy): {pairs}")
+        table = table[~table["run"].isin([dup for _, dup in pairs])].reset_index(drop=True)
+    return table
+
+
 def _residuals(final: pd.DataFrame, pred: np.ndarray) -> list[dict]:
     return [
         {"run": str(r), "loss": float(y), "predicted": float(p), "rel_error": float(p / y - 1)}
@@ -323,15 +332,20 @@ def forecast_target(
 ) -> Forecast:
     """Forecast the target's loss curve (with bands) and final loss (with interval) from the ladder alone."""
     table = validate_table(table)
+    dup_warn: list[str] = []
+    table = _drop_duplicate_runs(table, dup_warn)
     if method == "auto":
         method = "multipower" if _same_size_runs(table, target) else choose_method(table)
     if method == "multipower":
-        return _forecast_multipower(table, target, n_bootstrap, seed)
-    if method == "matched_progress":
-        return _forecast_matched_progress(table, target, n_bootstrap, seed)
-    if method in ("chinchilla", "compute"):
-        return _forecast_final_law(table, target, method, n_bootstrap, seed)
-    raise ValueError(f"unknown method {method!r}; choose from {METHODS} or 'auto'")
+        f = _forecast_multipower(table, target, n_bootstrap, seed)
+    elif method == "matched_progress":
+        f = _forecast_matched_progress(table, target, n_bootstrap, seed)
+    elif method in ("chinchilla", "compute"):
+        f = _forecast_final_law(table, target, method, n_bootstrap, seed)
+    else:
+        raise ValueError(f"unknown method {method!r}; choose from {METHODS} or 'auto'")
+    f.warnings = dup_warn + f.warnings
+    return f
 
 
 def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: int, seed: int) -> Forecast:

@@ -241,3 +241,18 @@ def run_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run: its last point (final loss) plus the run-level constants."""
     last = table.sort_values("step").groupby("run", sort=True).tail(1).set_index("run").sort_index()
     return last
+
+
+def find_duplicate_runs(table: pd.DataFrame) -> list[tuple[str, str]]:
+    """Pairs (kept, duplicate) of runs whose rows are identical in every column but the name: one run logged twice under
+    two names would count as two independent runs in a bootstrap and fake confidence."""
+    seen: dict[int, str] = {}
+    pairs = []
+    cols = [c for c in table.columns if c != "run"]
+    for run, c in table.sort_values(["run", "step"]).groupby("run", sort=True):
+        key = hash(tuple(map(str, c[cols].to_numpy().ravel().tolist())))
+        if key in seen:
+            pairs.append((seen[key], str(run)))
+        else:
+            seen[key] = str(run)
+    return pairs

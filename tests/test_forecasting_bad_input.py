@@ -103,3 +103,13 @@ def test_no_backtest_possible_warns_that_the_band_is_too_narrow():
     assert any("no compute backtest" in w for w in f.warnings)
     rep = backtest(_curve_table(3))
     assert rep.warnings and not any(r.kind == "compute" for r in rep.results)
+
+
+def test_a_run_logged_twice_under_two_names_is_dropped_with_a_warning():
+    t = _curve_table(4)
+    copy = t[t["run"] == "rung1"].assign(run="rung1-again")
+    fit = fit_ladder(pd.concat([t, copy]), n_bootstrap=10)
+    assert fit.n_runs == 4
+    assert any("identical runs" in w and "rung1-again" in w for w in fit.warnings)
+    f = forecast_target(pd.concat([t, copy]), TargetSpec(name="t", params_active=1e10, tokens=1e12, num_steps=1000, total_flops=1e24), n_bootstrap=10)
+    assert any("identical runs" in w for w in f.warnings)
