@@ -350,8 +350,8 @@ def forecast_target(
 
 def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: int, seed: int) -> Forecast:
     warn: list[str] = []
-    if target.num_steps is None:
-        raise FitError("matched progress forecasts a curve in training fraction: the target needs num_steps")
+    if target.num_steps is None and target.tokens_per_step is None:
+        warn.append("target has no num_steps/tokens_per_step: only the final loss (fraction 1) is forecast")
     fit = fit_profiled(table)
     c_target = target.planned_flops()
     T = target.steps()
