@@ -109,9 +109,9 @@ def isoflop_optimum(
             groups.append([int(i)])
     budgets, n_opt = [], []
     for g in groups:
-        if len(g) < 3:
-            continue
         x = np.log(n[g])
+        if len(np.unique(x)) < 3 or np.ptp(x) < 0.1:
+            continue  # fewer than three sizes, or a sweep too narrow to locate a vertex
         q2, q1, _ = np.polyfit(x, y[g], 2)
         if q2 <= 0:
             continue  # no minimum inside this budget's sweep
