@@ -63,11 +63,13 @@ def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Me
 
 
 def param_shardings(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
-    """A NamedSharding per parameter leaf (same tree structure as params, or as param shapes)."""
+    """A NamedSharding per leaf of `params`, or of any tree whose paths contain the parameter paths
+    (e.g. an optax AdamW state: its mu/nu get their parameter's sharding, its step count is replicated)."""
     del cfg  # the rules read each leaf's path and shape; cfg stays in the signature for future rules
 
     def rule(path, leaf):
-        names = tuple(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+        # DictKey.key, SequenceKey.idx, GetAttrKey.name (optax states): the rule works on optimizer state too
+        names = tuple(str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path)
         return NamedSharding(mesh, param_partition_spec(names, tuple(np.shape(leaf)), mesh))
 
     return jax.tree_util.tree_map_with_path(rule, params)
