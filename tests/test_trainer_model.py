@@ -251,20 +251,30 @@ def test_expert_ranks_by_running_count_equal_the_sort_path():
 
 
 @pytest.mark.parametrize("length,kv,window", [(200, 2, None), (200, 1, 37), (130, 4, 100)])
-def test_blocked_attention_equals_plain_masked_softmax(length, kv, window):
-    """Query blocks (64 rows) that skip impossible keys must give exactly full masked attention."""
+def test_blocked_attention_equals_plain_masked_softmax_in_value_and_grads(length, kv, window):
+    """Query blocks (64 rows) that skip impossible keys, with a hand-written backward, must equal full
+    masked attention differentiated by JAX."""
     heads, d, hd = 4, 64, 16
     cfg = ModelConfig(hidden_dim=d, num_layers=1, num_heads=heads, num_kv_heads=kv, seq_len=length)
     p = model.init_params(cfg, jax.random.key(0))["blocks"]["000"]["attention"]
     x = jax.random.normal(jax.random.key(1), (2 * length, d))
     cos, sin = model.rotary_tables(length, hd, cfg.rope_theta)
 
-    def heads_of(w, n):
-        return (x @ w.reshape(d, -1)).reshape(2, length, n, hd)
+    def reference(p, x):
+        def heads_of(w, n):
+            return (x @ w.reshape(d, -1)).reshape(2, length, n, hd)
 
-    q = model.apply_rotary(heads_of(p["wq"], heads), cos, sin)
-    k = jnp.repeat(model.apply_rotary(heads_of(p["wk"], kv), cos, sin), heads // kv, axis=2)
-    v = jnp.repeat(heads_of(p["wv"], kv), heads // kv, axis=2)
-    scores = jnp.einsum("bqhk,blhk->bhql", q, k) / np.sqrt(hd) + model.attention_mask_bias(length, window)
-    ref = jnp.einsum("bhql,blhk->bqhk", jax.nn.softmax(scores, -1), v).reshape(-1, heads * hd) @ p["wo"].reshape(-1, d)
-    np.testing.assert_allclose(model.attention(p, x, 2, cfg, window), ref, rtol=1e-5, atol=1e-6)
+        q = model.apply_rotary(heads_of(p["wq"], heads), cos, sin)
+        k = jnp.repeat(model.apply_rotary(heads_of(p["wk"], kv), cos, sin), heads // kv, axis=2)
+        v = jnp.repeat(heads_of(p["wv"], kv), heads // kv, axis=2)
+        scores = jnp.einsum("bqhk,blhk->bhql", q, k) / np.sqrt(hd) + model.attention_mask_bias(length, window)
+        out = jnp.einsum("bhql,blhk->bqhk", jax.nn.softmax(scores, -1), v)
+        return out.reshape(-1, heads * hd) @ p["wo"].reshape(-1, d)
+
+    def blocked(p, x):
+        return model.attention(p, x, 2, cfg, window)
+
+    np.testing.assert_allclose(blocked(p, x), reference(p, x), rtol=1e-5, atol=1e-6)
+    target = jax.random.normal(jax.random.key(2), x.shape)
+    grads = [jax.grad(lambda p, x: jnp.sum(f(p, x) * target), argnums=(0, 1))(p, x) for f in (blocked, reference)]
+    _assert_trees_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
