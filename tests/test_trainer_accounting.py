@@ -165,3 +165,17 @@ def test_cpu_matmul_measurement_is_plausible():
 def test_mfu_is_model_flops_over_peak():
     cfg = SMALL_CONFIGS["moe"]
     assert accounting.mfu(cfg, 1000.0, 1e12) == pytest.approx(3 * forward_flops_per_token(cfg) * 1000 / 1e12)
+
+
+@pytest.mark.parametrize("rung", sorted(PUBLISHED))
+def test_marin_shapes_as_allocated_match_count_params_without_allocating(rung):
+    """What our model would allocate for each Marin rung (shapes only) equals the analytic total; it is
+    below Marin's naming total because global layers use fewer KV heads than Marin's max(local, global)."""
+    cfg = MARIN[rung]
+    shapes = jax.tree.leaves(param_shapes(cfg), is_leaf=lambda s: isinstance(s, tuple) and all(isinstance(n, int) for n in s))
+    allocated = sum(int(np.prod(s)) for s in shapes)
+    assert allocated == count_params(cfg).total
+    naming = accounting.marin_total_params(cfg)
+    norms = (2 * cfg.num_layers + 1) * cfg.hidden_dim
+    assert allocated - norms <= naming
+    assert allocated == pytest.approx(naming, rel=5e-3)
