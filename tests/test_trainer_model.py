@@ -278,3 +278,19 @@ def test_blocked_attention_equals_plain_masked_softmax_in_value_and_grads(length
     target = jax.random.normal(jax.random.key(2), x.shape)
     grads = [jax.grad(lambda p, x: jnp.sum(f(p, x) * target), argnums=(0, 1))(p, x) for f in (blocked, reference)]
     _assert_trees_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
+
+
+def test_bfloat16_compute_tracks_float32_and_keeps_float32_params_and_grads():
+    cfg = _cfg(num_shared_experts=1, latent_dim=24)
+    cfg_bf16 = cfg.model_copy(update={"compute_dtype": "bfloat16"})
+    params = model.init_params(cfg, jax.random.key(0))
+    state = model.init_router_state(cfg)
+    batch = _batch(cfg)
+    loss32, _, _ = _loss_and_grads(cfg, params, state, batch, "capacity")
+    loss16, aux16, grads16 = _loss_and_grads(cfg_bf16, params, state, batch, "capacity")
+    assert float(loss16) == pytest.approx(float(loss32), rel=2e-2)
+    assert aux16["lm_loss"].dtype == jnp.float32
+    for g in jax.tree.leaves(grads16):
+        assert g.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(g)))
+    logits, _ = model.forward(params, state, batch[:, :-1], cfg_bf16)
+    assert logits.dtype == jnp.float32

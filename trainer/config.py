@@ -126,6 +126,11 @@ class ModelConfig(Frozen):
     logit_z_loss_weight: float = Field(0.0, ge=0, description="Weight of the output-logit z-loss.")
     init_std: float | None = Field(None, gt=0, description="Init std of weights; default 0.5 / sqrt(hidden_dim).")
     norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Dtype of matmuls and activations (params stay float32; router, softmax, norms and loss run "
+        "in float32). bfloat16 for accelerators; on CPU float32 is faster.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":

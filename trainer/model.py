@@ -182,7 +182,9 @@ def param_groups(params: Params) -> Any:
 
 def rms_norm(x_TxD: jax.Array, gain_D: jax.Array, eps: float) -> jax.Array:
     """RMSNorm: rescale each position to unit root-mean-square, then a learned per-channel gain."""
-    return x_TxD * jax.lax.rsqrt(jnp.mean(jnp.square(x_TxD), axis=-1, keepdims=True) + eps) * gain_D
+    x32 = x_TxD.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps) * gain_D.astype(jnp.float32)
+    return normed.astype(x_TxD.dtype)
 
 
 def rotary_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -222,8 +224,9 @@ def _masked_softmax_attention(q_BxGxRxK, k_BxGxSxK, v_BxGxSxK, mask_RxS):
 
 
 def _attention_forward(q, k, v, mask_RxS):
-    probs = jax.nn.softmax(jnp.einsum("bgrk,bgsk->bgrs", q, k) + mask_RxS, axis=-1)
-    out = jnp.einsum("bgrs,bgsk->bgrk", probs, v)
+    scores = jnp.einsum("bgrk,bgsk->bgrs", q, k, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(scores + mask_RxS, axis=-1)  # float32 whatever the compute dtype
+    out = jnp.einsum("bgrs,bgsk->bgrk", probs.astype(v.dtype), v)
     return out, (q, k, v, probs, out)
 
 
@@ -231,12 +234,14 @@ def _attention_backward(residuals, d_out):
     """Hand-written backward (FlashAttention's delta = rowsum(dO * O) form): ~25% faster on CPU than
     autodiff, which materialises the softmax Jacobian product less directly."""
     q, k, v, probs, out = residuals
-    d_v = jnp.einsum("bgrs,bgrk->bgsk", probs, d_out)
-    d_probs = jnp.einsum("bgrk,bgsk->bgrs", d_out, v)
-    d_scores = probs * (d_probs - jnp.sum(d_out * out, axis=-1, keepdims=True))
+    f32 = jnp.float32
+    d_v = jnp.einsum("bgrs,bgrk->bgsk", probs.astype(v.dtype), d_out)
+    d_probs = jnp.einsum("bgrk,bgsk->bgrs", d_out, v, preferred_element_type=f32)
+    delta = jnp.sum(d_out.astype(f32) * out.astype(f32), axis=-1, keepdims=True)
+    d_scores = (probs * (d_probs - delta)).astype(q.dtype)
     d_q = jnp.einsum("bgrs,bgsk->bgrk", d_scores, k)
     d_k = jnp.einsum("bgrs,bgrk->bgsk", d_scores, q)
-    return d_q, d_k, d_v, None
+    return d_q, d_k, d_v.astype(v.dtype), None
 
 
 _masked_softmax_attention.defvjp(_attention_forward, _attention_backward)
@@ -298,6 +303,19 @@ def dense_ffn(p: dict, x_TxD: jax.Array) -> jax.Array:
 # Forward and loss
 
 
+def cast_for_compute(params: Params, cfg: ModelConfig) -> Params:
+    """Matmul weights in the compute dtype (bf16 on accelerators); norms and the router stay float32.
+
+    The residual stream follows the embedding's dtype; norms, softmax, router scores and the loss are
+    computed in float32 regardless, so bf16 only touches the GEMMs.
+    """
+    if cfg.compute_dtype == "float32":
+        return params
+    dtype = jnp.dtype(cfg.compute_dtype)
+    groups = param_groups(params)
+    return jax.tree.map(lambda w, g: w if g in ("norm", "router") else w.astype(dtype), params, groups)
+
+
 def forward(
     params: Params, router_state: RouterState, tokens_BxL: jax.Array, cfg: ModelConfig, *, dispatch: str | None = None
 ) -> tuple[jax.Array, list[dict]]:
@@ -306,6 +324,7 @@ def forward(
     The residual stream is kept as [T = B*L, D] so every projection is a 2-D GEMM.
     """
     dispatch = dispatch or (cfg.moe.dispatch if cfg.moe else "dense")
+    params = cast_for_compute(params, cfg)
     batch, length = tokens_BxL.shape
     x_TxD = params["embed"][tokens_BxL.reshape(-1)]
     layer_stats = []
@@ -326,6 +345,7 @@ def forward(
             y_TxD = dense_ffn(block["ffn"], h_TxD)
         x_TxD = x_TxD + y_TxD
     x_TxD = rms_norm(x_TxD, params["final_norm"], cfg.norm_eps)
+    x_TxD = x_TxD.astype(params["embed"].dtype)
     head_DxV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     logits_TxV = (x_TxD @ head_DxV).astype(jnp.float32)
     return logits_TxV.reshape(batch, length, -1), layer_stats

@@ -190,8 +190,11 @@ def capacity(num_tokens: int, cfg: MoEConfig) -> int:
 
 
 def _combine(out_AxD: jax.Array, weights_TxK: jax.Array) -> jax.Array:
+    """Weighted sum of each token's k expert outputs, accumulated in float32."""
     t, k = weights_TxK.shape
-    return jnp.einsum("tkd,tk->td", out_AxD.reshape(t, k, -1), weights_TxK)
+    combined = jnp.einsum("tkd,tk->td", out_AxD.reshape(t, k, -1), weights_TxK.astype(jnp.float32),
+                          preferred_element_type=jnp.float32)
+    return combined.astype(out_AxD.dtype)
 
 
 def _batched_experts(x_ExCxD: jax.Array, experts: dict) -> jax.Array:
@@ -263,7 +266,8 @@ def dispatch_dense(x_TxD: jax.Array, routing: Routing, experts: dict, cfg: MoECo
         axis=1,
     )
     out_ExTxD = _batched_experts(jnp.broadcast_to(x_TxD, (cfg.num_experts, *x_TxD.shape)), experts)
-    return jnp.einsum("te,etd->td", combine_TxE, out_ExTxD), jnp.zeros((), jnp.float32)
+    y_TxD = jnp.einsum("te,etd->td", combine_TxE, out_ExTxD, preferred_element_type=jnp.float32)
+    return y_TxD.astype(x_TxD.dtype), jnp.zeros((), jnp.float32)
 
 
 _DISPATCH = {"capacity": dispatch_capacity, "ragged": dispatch_ragged, "dense": dispatch_dense}
