@@ -294,3 +294,41 @@ def test_bfloat16_compute_tracks_float32_and_keeps_float32_params_and_grads():
         assert g.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(g)))
     logits, _ = model.forward(params, state, batch[:, :-1], cfg_bf16)
     assert logits.dtype == jnp.float32
+
+
+def _train_tiny_moe(balancing: str, steps: int = 40) -> tuple[list[float], list[float], dict]:
+    import optax
+
+    cfg = _cfg(balancing=balancing, bias_update_rate=0.01, capacity_factor=1.5, num_experts=4, top_k=1)
+    params = model.init_params(cfg, jax.random.key(0))
+    state = model.init_router_state(cfg)
+    batch = _batch(cfg, batch=8)
+    opt = optax.adam(1e-2)
+    opt_state = opt.init(params)
+
+    @jax.jit
+    def step(params, opt_state, state):
+        (loss, aux), grads = jax.value_and_grad(lambda p: model.loss_fn(p, state, batch, cfg), has_aux=True)(params)
+        updates, opt_state = opt.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, model.update_router_state(state, aux, cfg), loss, aux
+
+    losses, loads = [], []
+    for _ in range(steps):
+        params, opt_state, state, loss, aux = step(params, opt_state, state)
+        losses.append(float(loss))
+        loads.append(float(aux["expert_load_max"]))
+    return losses, loads, state
+
+
+def test_tiny_moe_learns_and_both_balancers_flatten_expert_load():
+    """A jitted step (grad + Adam + router-state update) memorises one batch; with the sign rule or
+    quantile balancing the busiest expert ends closer to the uniform load than with no balancing
+    (measured: ~1.09 and ~1.05 vs ~1.23 of uniform over the last 5 steps)."""
+    final_load = {}
+    for balancing in ("none", "bias", "quantile"):
+        losses, loads, state = _train_tiny_moe(balancing)
+        assert losses[-1] < 0.6 * losses[0], balancing
+        final_load[balancing] = float(np.mean(loads[-5:]))
+        assert (float(jnp.max(jnp.abs(state["bias"]))) > 0) == (balancing != "none")
+    assert final_load["bias"] < 1.15 < final_load["none"]
+    assert final_load["quantile"] < 1.15
