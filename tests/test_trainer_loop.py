@@ -124,7 +124,7 @@ def train_losses(run_dir: str) -> dict[int, float]:
     return {
         r["step"]: r["train/loss"]
         for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-        if "train/loss" in r and "train/nonfinite_step" not in r and r["train/loss"] is not None
+        if "train/loss" in r and "train/nonfinite" not in r and r["train/loss"] is not None
     }
 
 
@@ -194,7 +194,7 @@ def test_metrics_jsonl_has_contract_keys_and_scheduled_lr(reference_run):
     job = tiny_job()
     np.testing.assert_allclose(
         [r["optim/learning_rate"] for r in train_rows],
-        lr_at_steps(job, np.array([r["step"] - 1 for r in train_rows])),
+        lr_at_steps(job, np.array([r["step"] for r in train_rows])),
         rtol=1e-6,
     )
     flops_per_step = train_flops(job.model, BATCH * SEQ, include_lm_head=True)

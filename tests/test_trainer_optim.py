@@ -36,27 +36,28 @@ def lr(job: TrainJob, *steps: int) -> list[float]:
 
 
 def test_warmup_steps_and_fraction():
+    # steps are numbered as in metrics.jsonl: step s is the update that completes s steps (1..N)
     job = make_job(kind="constant", warmup=10)
-    assert lr(job, 0, 4, 9, 10, 99) == pytest.approx([0.1, 0.5, 1.0, 1.0, 1.0])
+    assert lr(job, 1, 5, 10, 11, 100) == pytest.approx([0.1, 0.5, 1.0, 1.0, 1.0])
     job = make_job(kind="constant", warmup=0.05)  # 5 of 100 steps
-    assert lr(job, 0, 4, 5) == pytest.approx([0.2, 1.0, 1.0])
+    assert lr(job, 1, 5, 6) == pytest.approx([0.2, 1.0, 1.0])
     job = make_job(kind="constant", warmup=0)
-    assert lr(job, 0) == pytest.approx([1.0])
+    assert lr(job, 1) == pytest.approx([1.0])
 
 
 def test_cosine_and_linear_decay_to_min_fraction():
     job = make_job(kind="cosine", warmup=10, min_lr_fraction=0.1)
-    # progress q = (s + 1 - 10) / 90: half way at s = 54, done at the last step
-    assert lr(job, 9, 54, 99) == pytest.approx([1.0, 0.55, 0.1])
+    # progress q = (s - 10) / 90: half way at step 55, done at the last step (100)
+    assert lr(job, 10, 55, 100) == pytest.approx([1.0, 0.55, 0.1])
     job = make_job(kind="linear", warmup=10, min_lr_fraction=0.1)
-    assert lr(job, 24, 54, 99) == pytest.approx([0.85, 0.55, 0.1])
+    assert lr(job, 25, 55, 100) == pytest.approx([0.85, 0.55, 0.1])
 
 
 @pytest.mark.parametrize("cooldown, at_quarter", [("linear", 0.775), ("sqrt", 0.55)])
 def test_wsd_cooldown_shapes(cooldown, at_quarter):
     job = make_job(kind="wsd", warmup=10, min_lr_fraction=0.1, decay_fraction=0.2, cooldown=cooldown)
-    # stable until step 79, cooldown over the last 20 steps; a quarter in at step 84
-    assert lr(job, 50, 79, 84, 99) == pytest.approx([1.0, 1.0, at_quarter, 0.1])
+    # stable through step 80, cooldown over the last 20 steps; a quarter in at step 85
+    assert lr(job, 51, 80, 85, 100) == pytest.approx([1.0, 1.0, at_quarter, 0.1])
 
 
 @pytest.mark.parametrize("kind", ["constant", "cosine", "linear", "wsd"])
@@ -69,14 +70,14 @@ def test_optax_applies_exactly_the_scheduled_lr(kind):
     schedule = lr_fn(optimizer, job.num_steps)
 
     @jax.jit
-    def first_update(step):
-        state = with_learning_rate(opt.init(params), schedule(step))
+    def first_update(completed_steps):
+        state = with_learning_rate(opt.init(params), schedule(completed_steps))
         updates, state = opt.update({"w": jnp.ones((2, 2))}, state, params)
         return updates["w"][0, 0], learning_rate_of(state)
 
-    steps = np.arange(job.num_steps)
-    applied, logged = zip(*(first_update(s) for s in steps))
-    expected = lr_at_steps(job, steps)
+    completed = np.arange(job.num_steps)
+    applied, logged = zip(*(first_update(s) for s in completed))
+    expected = lr_at_steps(job, completed + 1)
     np.testing.assert_allclose(np.array(logged), expected, rtol=1e-6)
     np.testing.assert_allclose(-np.array(applied), expected, rtol=1e-5)
 

@@ -9,16 +9,18 @@ Shape of the loop (nanodo/grug style):
 * **Faults are data.** The step checks that loss and gradient norm are finite; if not, ``jnp.where``
   keeps the old state (the step still consumes its batch). The host sees the flag one step late, logs
   every bad step, and after ``max_bad_steps`` in a row rolls back to the newest checkpoint and marks the
-  offending step indices as skipped (their batches are fed with ``skip=True`` and never applied). The
+  offending steps as skipped (their batches are fed with ``skip=True`` and never applied). The
   skips and rollbacks live in ``run_dir/faults.json`` and in checkpoint metadata, so they survive
   restarts. After ``max_rollbacks`` rollbacks the run fails with ``TrainingDiverged`` naming the steps.
 * **Resume is just the step.** Batches are a pure function of (seed, step) and the state is restored
   from the newest checkpoint that verifies, so a run killed with SIGKILL and restarted reproduces the
   uninterrupted run bit for bit on the same machine.
 
-Step numbering: the metrics line ``"step": s`` means s optimizer steps have completed; step *index* i
-(0-based, as in ``lr_at_steps`` and ``DataPipeline.train_batch``) is the update that makes s = i + 1.
-Skipped and rolled-back steps are named by their index.
+Step numbering, everywhere a user sees it (metrics, ``lr_at_steps``, skipped steps, errors, the fault
+injector): step ``s`` is the update that completes ``s`` optimizer steps, 1..num_steps; the metrics line
+``"step": s`` reports it. Internally the batch of step ``s`` is ``DataPipeline.train_batch(s - 1)``.
+Skipped and non-finite steps still count: ``tokens`` and ``flops`` are ``step`` times the per-step
+amounts.
 
 ``train/loss`` is the plain cross-entropy (comparable with ``eval/loss``); ``train/objective`` adds the
 z-losses and auxiliary losses that the gradient sees. ``throughput/mfu`` is a fraction (not Levanter's
@@ -82,7 +84,7 @@ class TrainResult(BaseModel):
     final_eval_loss: float | None = Field(..., description="Last eval/loss (mean over sources).")
     wall_seconds: float = Field(..., description="Wall time of this call.")
     resumed_from_step: int | None = Field(..., description="Checkpoint step this call resumed from, if any.")
-    skipped_steps: list[int] = Field(default_factory=list, description="Step indices skipped after rollbacks.")
+    skipped_steps: list[int] = Field(default_factory=list, description="Steps skipped after rollbacks (1-based).")
     rollbacks: int = Field(0, description="Rollbacks so far (all attempts of the run).")
 
 
@@ -260,8 +262,8 @@ def train(
     raises is logged with its traceback and training continues). ``should_stop()`` is checked before
     each step; when it returns True the state is checkpointed and the result has ``completed=False``.
 
-    ``_fault_injector`` is TEST-ONLY: ``f(step_index) -> bool``; True makes that step's loss and
-    gradients NaN, to exercise the non-finite handling.
+    ``_fault_injector`` is TEST-ONLY: ``f(step) -> bool`` (step 1..num_steps); True makes that step's
+    loss and gradients NaN, to exercise the non-finite handling.
     """
     from trainer import accounting, data as data_lib, model, sharding
 
@@ -468,16 +470,15 @@ def train(
         values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
         finite, skipped = bool(values.pop("_finite")), bool(values.pop("_skipped"))
         now = time.time()
-        index = done_step - 1
         if skipped:
-            emit({**base_record(done_step), "train/skipped_step": index})
+            emit({**base_record(done_step), "train/skipped": 1})
             return False
         if not finite:
-            bad_streak.append(index)
+            bad_streak.append(done_step)
             log.warning(
-                "non-finite loss or gradients at step index %d (%d in a row); update not applied", index, len(bad_streak)
+                "non-finite loss or gradients at step %d (%d in a row); update not applied", done_step, len(bad_streak)
             )
-            emit({**base_record(done_step), "train/nonfinite_step": index, "train/loss": values["train/loss"]})
+            emit({**base_record(done_step), "train/nonfinite": 1, "train/loss": values["train/loss"]})
             return len(bad_streak) >= tcfg.max_bad_steps
         bad_streak.clear()
         last["train_loss"] = values["train/loss"]
@@ -507,7 +508,7 @@ def train(
         if len(faults.rollbacks) >= tcfg.max_rollbacks:
             history = "; ".join(f"rollback to step {r['to_step']} skipping {r['skipped']}" for r in faults.rollbacks)
             raise TrainingDiverged(
-                f"training diverged: non-finite loss or gradients at step indices {bad} "
+                f"training diverged: non-finite loss or gradients at steps {bad} "
                 f"({tcfg.max_bad_steps} in a row) after {len(faults.rollbacks)} rollback(s) "
                 f"(max_rollbacks={tcfg.max_rollbacks}; {history or 'none before'}). Check the data at these "
                 "steps, lower the learning rate or raise train.max_rollbacks."
@@ -515,7 +516,7 @@ def train(
         checkpointer.wait()
         restored_state, to_step, _ = restore_or_init()
         faults.skipped |= set(bad)
-        faults.rollbacks.append({"at_step": bad[-1] + 1, "to_step": to_step, "skipped": bad})
+        faults.rollbacks.append({"at_step": bad[-1], "to_step": to_step, "skipped": bad})
         faults.save()
         log.warning("rolled back to step %d after non-finite steps %s; those batches will be skipped", to_step, bad)
         emit({**base_record(to_step), "event": "resume", "reason": "rollback", "skipped_steps": bad})
@@ -528,8 +529,8 @@ def train(
             if should_stop is not None and should_stop():
                 stopped = True
                 break
-            skip = step in faults.skipped
-            poison = bool(_fault_injector(step)) if _fault_injector is not None else False
+            skip = (step + 1) in faults.skipped
+            poison = bool(_fault_injector(step + 1)) if _fault_injector is not None else False
             batch = to_device(
                 pipeline.train_batch(
                     step,

@@ -7,16 +7,17 @@ not optax's internal update count: a non-finite step that is rejected (see loop.
 state untouched but still consumes its step, so the two counts can differ and only the step is
 recoverable from the spec.
 
-Conventions (step ``s`` is 0-based: the LR used by the update that turns ``s`` completed steps into
-``s + 1``; ``N`` = total steps, ``W`` = warmup steps):
+Conventions. Steps are numbered as in metrics.jsonl: step ``s`` (1..N) is the update that completes
+``s`` optimizer steps, so ``lr_at_steps(job, s)`` is the ``optim/learning_rate`` logged on the line with
+``"step": s``. ``N`` = total steps, ``W`` = warmup steps:
 
-- warmup: ``peak * (s + 1) / W`` for ``s < W``, so the last warmup step reaches the peak and the
-  first step is not wasted at LR 0;
-- after warmup, progress ``q = clip((s + 1 - W) / (N - W), 0, 1)`` reaches 1 at the last step;
+- warmup: ``peak * s / W`` for ``s <= W``, so step W reaches the peak and the first step is not
+  wasted at LR 0;
+- after warmup, progress ``q = clip((s - W) / (N - W), 0, 1)`` reaches 1 at the last step;
   ``constant``: peak; ``cosine``: ``min + (peak - min) * (1 + cos(pi q)) / 2``; ``linear``:
   ``peak - (peak - min) * q``;
 - ``wsd``: constant peak until the cooldown of ``D = round(decay_fraction * N)`` steps (never starting
-  inside warmup), then with ``q = (s + 1 - (N - D)) / D``: ``linear`` ``peak - (peak - min) q`` or
+  inside warmup), then with ``q = (s - (N - D)) / D``: ``linear`` ``peak - (peak - min) q`` or
   ``sqrt`` ``min + (peak - min)(1 - sqrt(q))`` (Hägele et al.'s 1 - sqrt cooldown).
 
 ``min = min_lr_fraction * peak``. Every schedule ends at ``min`` on the last step (except constant).
@@ -55,10 +56,10 @@ def cooldown_steps(schedule: ScheduleConfig, num_steps: int) -> int:
 
 
 def schedule_value(step: Any, *, peak: float, schedule: ScheduleConfig, num_steps: int, xp: Any = np) -> Any:
-    """LR at 0-based ``step`` (scalar or array) with numpy (``xp=np``) or jax.numpy (``xp=jnp``)."""
+    """LR of step ``step`` (1-based, scalar or array) with numpy (``xp=np``) or jax.numpy (``xp=jnp``)."""
     step = xp.asarray(step)
     dtype = xp.float64 if xp is np else xp.float32
-    s1 = step.astype(dtype) + 1.0  # steps completed after this update
+    s1 = step.astype(dtype)  # optimizer steps completed once this update is applied
     floor = schedule.min_lr_fraction * peak
     warm = warmup_steps(schedule, num_steps)
     warm_factor = xp.minimum(1.0, s1 / warm) if warm > 0 else xp.ones_like(s1)
@@ -83,7 +84,7 @@ def schedule_value(step: Any, *, peak: float, schedule: ScheduleConfig, num_step
 
 
 def lr_at_steps(job: TrainJob, steps: np.ndarray) -> np.ndarray:
-    """The learning rate the trainer uses at each 0-based step in ``steps`` (float64 array)."""
+    """The learning rate of each step in ``steps`` (1..num_steps, as metrics.jsonl numbers them), float64."""
     return schedule_value(
         np.asarray(steps),
         peak=job.optimizer.learning_rate,
@@ -94,11 +95,12 @@ def lr_at_steps(job: TrainJob, steps: np.ndarray) -> np.ndarray:
 
 
 def lr_fn(optimizer: OptimizerConfig, num_steps: int):
-    """Jittable ``step -> lr`` (float32), the same formula as ``lr_at_steps``."""
+    """Jittable ``completed_steps -> lr`` (float32) for the update about to run: ``lr_at_steps`` of
+    ``completed_steps + 1``, the same formula."""
 
-    def fn(step):
+    def fn(completed_steps):
         return schedule_value(
-            step, peak=optimizer.learning_rate, schedule=optimizer.schedule, num_steps=num_steps, xp=jnp
+            completed_steps + 1, peak=optimizer.learning_rate, schedule=optimizer.schedule, num_steps=num_steps, xp=jnp
         )
 
     return fn
