@@ -217,6 +217,18 @@ def test_hooks_run_after_each_eval_and_their_metrics_are_logged(reference_run):
     assert all(r["forecast/loss"] == 1.25 for r in eval_rows)
 
 
+def test_dense_model_with_tied_embeddings_trains_without_router_metrics(ladder_cache, tmp_path):
+    from trainer.loop import train
+
+    job = tiny_job(num_steps=6, eval_every=6)
+    job = job.model_copy(update={"model": job.model.model_copy(update={"moe": None, "tie_embeddings": True})})
+    run_dir = str(tmp_path / "dense")
+    assert train(job, run_dir).completed
+    last = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "train/loss" in r][-1]
+    assert {"params/norm/dense_ffn", "params/norm/embedding"} <= set(last)
+    assert not any(k.startswith("train/router/") or k in ("params/norm/router_bias", "params/norm/lm_head") for k in last)
+
+
 def test_completed_run_is_not_retrained(reference_run):
     from trainer.loop import train
 
