@@ -366,6 +366,20 @@ def test_state_checksum_sees_a_one_bit_change(dtype):
     assert state_checksum(tree) != state_checksum({"a": jnp.asarray(flipped), "step": jnp.int32(3)})
 
 
+def test_half_written_checkpoint_is_ignored_and_cleaned_up(reference_run, tmp_path):
+    from trainer.loop import train
+
+    run_dir = str(tmp_path / "copy")
+    shutil.copytree(reference_run[0], run_dir)
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    half_written = os.path.join(ckpt_dir, "40.orbax-checkpoint-tmp-1796219000")
+    os.rename(os.path.join(ckpt_dir, "40"), half_written)  # a save killed before its atomic rename
+    result = train(tiny_job(), run_dir)
+    assert result.resumed_from_step == 30 and result.completed
+    assert not os.path.exists(half_written)
+    assert train_losses(run_dir) == train_losses(reference_run[0])
+
+
 def test_read_metrics_tolerates_torn_last_line_and_applies_resume_markers(tmp_path):
     path = str(tmp_path / "metrics.jsonl")
     sink = JsonlSink(path)

@@ -70,6 +70,7 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep,
                 create=True,
+                cleanup_tmp_directories=True,  # half-written checkpoints of a killed run
                 enable_async_checkpointing=async_save,
             ),
             item_names=("state", "meta"),
