@@ -220,29 +220,70 @@ def expert_ranks(ids_A: jax.Array, num_experts: int, *, max_onehot_elements: int
     return jnp.zeros((num_assign,), jnp.int32).at[order_A].set(rank_sorted_A)
 
 
+@jax.custom_vjp
+def _rows_to_slots(x_TxD: jax.Array, token_of_slot_S: jax.Array, slot_TxK: jax.Array) -> jax.Array:
+    """buffer[s] = x[token_of_slot[s]] (row T = zeros). The backward is a gather too: token t's
+    gradient is the sum of its k slots' gradients (dropped assignments point at the zero row)."""
+    return jnp.concatenate([x_TxD, jnp.zeros((1, x_TxD.shape[1]), x_TxD.dtype)])[token_of_slot_S]
+
+
+def _rows_to_slots_fwd(x_TxD, token_of_slot_S, slot_TxK):
+    return _rows_to_slots(x_TxD, token_of_slot_S, slot_TxK), (token_of_slot_S, slot_TxK)
+
+
+def _rows_to_slots_bwd(residuals, d_buffer_SxD):
+    token_of_slot_S, slot_TxK = residuals
+    padded = jnp.concatenate([d_buffer_SxD, jnp.zeros((1, d_buffer_SxD.shape[1]), d_buffer_SxD.dtype)])
+    return jnp.sum(padded[slot_TxK], axis=1), None, None
+
+
+_rows_to_slots.defvjp(_rows_to_slots_fwd, _rows_to_slots_bwd)
+
+
+@jax.custom_vjp
+def _slots_to_assignments(out_SxD: jax.Array, slot_A: jax.Array, assignment_of_slot_S: jax.Array) -> jax.Array:
+    """out_A[a] = out[slot[a]] (row S = zeros for dropped assignments). Each slot holds at most one
+    assignment, so the backward is the inverse gather instead of XLA's scatter-add."""
+    return jnp.concatenate([out_SxD, jnp.zeros((1, out_SxD.shape[1]), out_SxD.dtype)])[slot_A]
+
+
+def _slots_to_assignments_fwd(out_SxD, slot_A, assignment_of_slot_S):
+    return _slots_to_assignments(out_SxD, slot_A, assignment_of_slot_S), (slot_A, assignment_of_slot_S)
+
+
+def _slots_to_assignments_bwd(residuals, d_out_AxD):
+    slot_A, assignment_of_slot_S = residuals
+    padded = jnp.concatenate([d_out_AxD, jnp.zeros((1, d_out_AxD.shape[1]), d_out_AxD.dtype)])
+    return padded[assignment_of_slot_S], None, None
+
+
+_slots_to_assignments.defvjp(_slots_to_assignments_fwd, _slots_to_assignments_bwd)
+
+
 def dispatch_capacity(x_TxD: jax.Array, routing: Routing, experts: dict, cfg: MoEConfig) -> tuple[jax.Array, jax.Array]:
     """Assignments into fixed ``[E, C, D]`` buffers, one batched einsum, gathered back.
 
     An assignment's buffer row is its rank among the assignments of the same expert (earlier tokens
-    first); ranks >= C are dropped and contribute zero. Rows are moved with gathers only: an integer
-    scatter records which token fills each buffer row (empty rows read a zero row), and the combine
-    gathers each assignment's output row. Gathers are deterministic, and their backward passes were
-    3x cheaper on CPU than scattering the activations themselves.
+    first); ranks >= C are dropped and contribute zero. Rows move by gathers only, forward and backward:
+    integer scatters record which token fills each buffer row and which assignment owns it, and custom
+    VJPs gather through those inverse maps instead of letting XLA emit float scatter-adds (MaxText does
+    the same for its sort). Deterministic, and several times cheaper on CPU.
     """
     t, d = x_TxD.shape
     e, k = cfg.num_experts, cfg.top_k
     c = capacity(t, cfg)
     ids_A = routing.expert_ids_TxK.reshape(-1)
+    num_assign = ids_A.shape[0]
     rank_A = expert_ranks(ids_A, e)
     kept_A = rank_A < c
-    slot_A = jnp.where(kept_A, ids_A * c + rank_A, e * c)  # e*c = a discard row
-    token_A = jnp.arange(ids_A.shape[0], dtype=jnp.int32) // k
-    token_of_slot = jnp.full((e * c + 1,), t, jnp.int32).at[slot_A].set(token_A)[: e * c]  # t = the zero row
-    x_padded = jnp.concatenate([x_TxD, jnp.zeros((1, d), x_TxD.dtype)])
-    out_ExCxD = _batched_experts(x_padded[token_of_slot].reshape(e, c, d), experts)
-    out_slots = jnp.concatenate([out_ExCxD.reshape(e * c, d), jnp.zeros((1, d), out_ExCxD.dtype)])
-    y_TxD = _combine(out_slots[slot_A], routing.weights_TxK)
-    return y_TxD, 1.0 - jnp.mean(kept_A.astype(jnp.float32))
+    slot_A = jnp.where(kept_A, ids_A * c + rank_A, e * c)  # e*c = the zero / discard row
+    assignment_A = jnp.arange(num_assign, dtype=jnp.int32)
+    token_of_slot = jnp.full((e * c + 1,), t, jnp.int32).at[slot_A].set(assignment_A // k)[: e * c]
+    assignment_of_slot = jnp.full((e * c + 1,), num_assign, jnp.int32).at[slot_A].set(assignment_A)[: e * c]
+    buffer_ExCxD = _rows_to_slots(x_TxD, token_of_slot, slot_A.reshape(t, k)).reshape(e, c, d)
+    out_ExCxD = _batched_experts(buffer_ExCxD, experts)
+    out_AxD = _slots_to_assignments(out_ExCxD.reshape(e * c, d), slot_A, assignment_of_slot)
+    return _combine(out_AxD, routing.weights_TxK), 1.0 - jnp.mean(kept_A.astype(jnp.float32))
 
 
 def dispatch_ragged(x_TxD: jax.Array, routing: Routing, experts: dict, cfg: MoEConfig) -> tuple[jax.Array, jax.Array]:
