@@ -5,7 +5,7 @@ Shape of the loop (nanodo/grug style):
 * **State is one pytree** ``{"step", "params", "opt_state", "router_state"}`` and one ``jax.jit`` train
   step donates it: loss and grads, AdamW (LR written into optax's state from the schedule of the step),
   then the router-bias update, all in one compiled program. Metrics come back as device scalars and are
-  read one step late, so the host never waits for the device between steps.
+  read one step late, so the device always has the next step queued while the host logs.
 * **Faults are data.** The step checks that loss and gradient norm are finite; if not, ``jnp.where``
   keeps the old state (the step still consumes its batch). The host sees the flag one step late, logs
   every bad step, and after ``max_bad_steps`` in a row rolls back to the newest checkpoint and marks the
@@ -21,6 +21,10 @@ injector): step ``s`` is the update that completes ``s`` optimizer steps, 1..num
 ``"step": s`` reports it. Internally the batch of step ``s`` is ``DataPipeline.train_batch(s - 1)``.
 Skipped and non-finite steps still count: ``tokens`` and ``flops`` are ``step`` times the per-step
 amounts.
+
+Besides the metric lines, metrics.jsonl gets ``{"step": s, "train/nonfinite": 1, ...}`` for a rejected
+step, ``{"step": s, "train/skipped": 1, ...}`` for a skipped one, and ``{"event": "resume", "step": s}``
+after a restart or rollback to step s (``metrics.read_metrics`` drops the lines it supersedes).
 
 ``train/loss`` is the plain cross-entropy (comparable with ``eval/loss``); ``train/objective`` adds the
 z-losses and auxiliary losses that the gradient sees. ``throughput/mfu`` is a fraction (not Levanter's
@@ -38,7 +42,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 import traceback
