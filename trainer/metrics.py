@@ -74,8 +74,12 @@ def read_metrics(path: str, *, raw: bool = False) -> list[dict[str, Any]]:
             continue
         if isinstance(row, dict):
             rows.append(row)
-    if raw:
-        return rows
+    return rows if raw else apply_resume_markers(rows)
+
+
+def apply_resume_markers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop the rows each ``{"event": "resume", "step": s}`` marker supersedes (step > s, written
+    before it) and the markers themselves: what is left is the history of the run that continued."""
     kept: list[dict[str, Any]] = []
     for row in rows:
         if row.get("event") == "resume":
