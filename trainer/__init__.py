@@ -15,6 +15,7 @@ _EXPORTS = {
     "TrainingDiverged": "trainer.loop",
     "lr_at_steps": "trainer.optim",
     "read_metrics": "trainer.metrics",
+    "apply_resume_markers": "trainer.metrics",
     "TrainJob": "trainer.config",
     "ModelConfig": "trainer.config",
     "MoEConfig": "trainer.config",
