@@ -14,7 +14,8 @@ Shape of the loop (nanodo/grug style):
   restarts. After ``max_rollbacks`` rollbacks the run fails with ``TrainingDiverged`` naming the steps.
 * **Resume is just the step.** Batches are a pure function of (seed, step) and the state is restored
   from the newest checkpoint that verifies, so a run killed with SIGKILL and restarted reproduces the
-  uninterrupted run bit for bit on the same machine.
+  uninterrupted run bit for bit on the same machine (tested on CPU; on GPU also set
+  ``XLA_FLAGS=--xla_gpu_deterministic_ops=true`` before JAX starts, or scatter-adds may differ).
 
 Step numbering, everywhere a user sees it (metrics, ``lr_at_steps``, skipped steps, errors, the fault
 injector): step ``s`` is the update that completes ``s`` optimizer steps, 1..num_steps; the metrics line
