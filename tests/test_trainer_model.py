@@ -332,3 +332,15 @@ def test_tiny_moe_learns_and_both_balancers_flatten_expert_load():
         assert (float(jnp.max(jnp.abs(state["bias"]))) > 0) == (balancing != "none")
     assert final_load["bias"] < 1.15 < final_load["none"]
     assert final_load["quantile"] < 1.15
+
+
+def test_large_model_init_path_draws_per_leaf_with_the_configured_std(monkeypatch):
+    monkeypatch.setattr(model, "_FLAT_INIT_MAX", 0)  # force the per-leaf path used above 64M parameters
+    cfg = ModelConfig(hidden_dim=48, num_layers=1, num_heads=4, seq_len=8, init_std=0.05)
+    params = model.init_params(cfg, jax.random.key(0))
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(
+        lambda s: s, model.param_shapes(cfg), is_leaf=lambda s: isinstance(s, tuple)
+    )
+    assert float(jnp.std(params["embed"])) == pytest.approx(0.05, rel=0.05)
+    assert not np.allclose(params["embed"][:, :8], params["lm_head"].T[:, :8])  # independent draws
+    assert float(jnp.min(params["final_norm"])) == 1.0

@@ -113,23 +113,29 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _init_params_jit(cfg: ModelConfig, key: jax.Array) -> Params:
-    # One normal draw for all matrices, then sliced: a single threefry call compiles in a fraction of
-    # the time of one draw per leaf.
+    # Small models: one normal draw for all matrices, then sliced (a single threefry call compiles in a
+    # fraction of the time of one draw per leaf). Large models: one draw per leaf, so that under jit with
+    # output shardings no device materialises a flat copy of every parameter.
     shapes = param_shapes(cfg)
     paths_and_shapes, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
     is_norm = [_path_names(path)[-1].endswith("norm") for path, _ in paths_and_shapes]
     sizes = [int(np.prod(shape)) for _, shape in paths_and_shapes]
-    draws = cfg.resolved_init_std * jax.random.normal(
-        key, (sum(n for n, norm in zip(sizes, is_norm) if not norm),), jnp.float32
-    )
+    std = cfg.resolved_init_std
+    num_drawn = sum(n for n, norm in zip(sizes, is_norm) if not norm)
+    draws = std * jax.random.normal(key, (num_drawn,), jnp.float32) if num_drawn <= _FLAT_INIT_MAX else None
     leaves, offset = [], 0
-    for (_, shape), size, norm in zip(paths_and_shapes, sizes, is_norm):
+    for index, ((_, shape), size, norm) in enumerate(zip(paths_and_shapes, sizes, is_norm)):
         if norm:
             leaves.append(jnp.ones(shape, jnp.float32))
+        elif draws is None:
+            leaves.append(std * jax.random.normal(jax.random.fold_in(key, index), shape, jnp.float32))
         else:
             leaves.append(draws[offset : offset + size].reshape(shape))
             offset += size
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+_FLAT_INIT_MAX = 64 * 2**20  # parameters drawn in one flat vector (about 256 MB of float32)
 
 
 def init_router_state(cfg: ModelConfig) -> RouterState:
