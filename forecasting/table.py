@@ -175,6 +175,19 @@ def _join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
 
+def _drop_superseded(rows: list[dict]) -> list[dict]:
+    """Apply the trainer's resume markers: `{"event": "resume", "step": s}` means the lines before it with
+    step > s belong to an attempt that was rolled back or killed after its last checkpoint; the run that
+    continued rewrote them. Without this a resumed run would carry duplicated steps."""
+    kept: list[dict] = []
+    for row in rows:
+        if row.get("event") == "resume":
+            kept = [r for r in kept if r.get("step", 0) <= row.get("step", 0)]
+        else:
+            kept.append(row)
+    return kept
+
+
 def from_run_dirs(paths: Iterable[str], *, loss_key: str = "eval/loss") -> pd.DataFrame:
     """Load ladder run directories (spec.json + metrics.jsonl each) into one validated table.
 
@@ -201,6 +214,7 @@ def from_run_dirs(paths: Iterable[str], *, loss_key: str = "eval/loss") -> pd.Da
                 if i == len(lines) - 1:
                     continue  # torn last line: the writer was interrupted mid-line
                 raise TableError(f"{path}/metrics.jsonl line {i + 1} is not JSON") from None
+        rows = _drop_superseded(rows)
         if not rows:
             continue
         m = pd.DataFrame(rows)

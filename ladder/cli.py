@@ -254,7 +254,10 @@ def show(
     spec = store.read_json(f"{run_dir}/spec.json")
     state = store.read_json(f"{run_dir}/status.json")
     result = store.read_json(f"{run_dir}/result.json")
+    from trainer.metrics import apply_resume_markers
+
     rows, _ = read_metrics(store, run_dir)
+    rows = apply_resume_markers(rows)
     console.rule(f"[bold]{store.url_of(run_dir)}")
     console.print_json(data={"spec": spec, "status": state, "result": result})
     if rows:

@@ -63,7 +63,10 @@ class RunSummary:
 
 
 def summarize(store: Store, run_dir: str) -> RunSummary:
+    from trainer.metrics import apply_resume_markers
+
     rows, _ = read_metrics(store, run_dir)
+    rows = apply_resume_markers(rows)
     summary = RunSummary()
     spec = store.read_json(f"{run_dir}/spec.json") or {}
     summary.num_steps = (spec.get("derived") or {}).get("num_steps")
