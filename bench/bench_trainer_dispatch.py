@@ -44,25 +44,42 @@ def make_train_step(cfg: ModelConfig, dispatch: str):
     return optimizer, jax.jit(step, donate_argnums=(0, 1, 2))
 
 
-def time_steps(cfg: ModelConfig, dispatch: str, *, batch_size: int, steps: int) -> float:
-    """Median seconds per step after two warm-up steps (compile excluded); batches are fresh each step."""
-    optimizer, step = make_train_step(cfg, dispatch)
-    params = model.init_params(cfg, jax.random.key(0))
-    opt_state = optimizer.init(params)
-    router_state = model.init_router_state(cfg)
-    batches = [
-        jax.random.randint(jax.random.key(100 + i), (batch_size, cfg.seq_len + 1), 0, cfg.vocab_size)
-        for i in range(steps + 2)
-    ]
-    times = []
-    for i, batch in enumerate(batches):
+class StepRunner:
+    """Holds one backend's train state so that backends can be timed step by step, interleaved."""
+
+    def __init__(self, cfg: ModelConfig, dispatch: str, *, batch_size: int):
+        self.cfg, self.batch_size = cfg, batch_size
+        optimizer, self.step = make_train_step(cfg, dispatch)
+        self.params = model.init_params(cfg, jax.random.key(0))
+        self.opt_state = optimizer.init(self.params)
+        self.router_state = model.init_router_state(cfg)
+        self.calls = 0
+        for _ in range(2):  # compile + one warm step
+            self.run()
+
+    def run(self) -> float:
+        """Seconds of one full train step on a fresh batch."""
+        batch = jax.random.randint(
+            jax.random.key(100 + self.calls), (self.batch_size, self.cfg.seq_len + 1), 0, self.cfg.vocab_size
+        )
+        batch.block_until_ready()
+        self.calls += 1
         start = time.perf_counter()
-        params, opt_state, router_state, loss = step(params, opt_state, router_state, batch)
+        self.params, self.opt_state, self.router_state, loss = self.step(
+            self.params, self.opt_state, self.router_state, batch
+        )
         loss.block_until_ready()
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
+        return time.perf_counter() - start
+
+
+def median_step_seconds(runners: dict[str, StepRunner], steps: int) -> dict[str, float]:
+    """Median step time per runner, taking one step of each in turn so that load changes on a shared
+    machine hit every backend alike."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(steps):
+        for name, runner in runners.items():
+            times[name].append(runner.run())
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
 def main() -> None:
@@ -79,7 +96,7 @@ def main() -> None:
     cfg = bench_config(num_experts=8, expert_dim=128)
     counts = accounting.count_params(cfg)
     tokens_per_step = args.batch * cfg.seq_len
-    seconds = time_steps(cfg, "capacity", batch_size=args.batch, steps=args.steps)
+    seconds = median_step_seconds({"capacity": StepRunner(cfg, "capacity", batch_size=args.batch)}, args.steps)["capacity"]
     tps = tokens_per_step / seconds
     flops = accounting.train_flops(cfg, tokens_per_step) / seconds
     peak = max(peak_before, accounting.measure_cpu_matmul_peak())
@@ -91,8 +108,9 @@ def main() -> None:
           f"fraction of matmul peak {flops / peak:.3f}")
 
     cfg16 = bench_config(num_experts=16, expert_dim=128)  # config 1 with 16 experts
-    results = {d: time_steps(cfg16, d, batch_size=args.batch, steps=max(5, args.steps // 2)) for d in ("capacity", "dense", "ragged")}
-    print("\n[2] E16 k2 (config 1 with 16 experts), full train step, median ms:")
+    runners = {d: StepRunner(cfg16, d, batch_size=args.batch) for d in ("capacity", "dense", "ragged")}
+    results = median_step_seconds(runners, max(5, args.steps // 2))
+    print("\n[2] E16 k2 (config 1 with 16 experts), full train step, median ms (backends interleaved):")
     for d, s in results.items():
         print(f"    {d:9s} {s * 1e3:8.1f} ms  tokens/s {tokens_per_step / s:,.0f}")
     print(f"    capacity speed-up vs dense oracle: {results['dense'] / results['capacity']:.2f}x; "
