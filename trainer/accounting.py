@@ -44,8 +44,9 @@ Convention = Literal["ladder", "marin"]
 
 
 class ParamCounts(BaseModel):
-    """Parameter counts by part. ``total`` is everything allocated; ``active`` is what one token uses,
-    excluding the embedding and the lm_head (both reported on their own)."""
+    """Parameter counts by part. ``total`` is everything ``init_params`` allocates (the router bias is
+    router state, not a parameter, and is not counted); ``active`` is what one token uses, excluding the
+    embedding and the lm_head (both reported on their own)."""
 
     model_config = ConfigDict(frozen=True)
 
