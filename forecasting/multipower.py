@@ -1072,6 +1072,8 @@ def _markdown(results: dict[str, dict[str, Any]]) -> str:
 if __name__ == "__main__":  # pragma: no cover - report generator
     import sys
 
-    root = sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data/multipowerlaw"
+    from forecasting.public_data import shared_data_dir
+
+    root = sys.argv[1] if len(sys.argv) > 1 else str((shared_data_dir() or Path("shared/data")) / "multipowerlaw")
     n_boot = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     print(_markdown(backtest_multipowerlaw_data(root, n_boot=n_boot)))

@@ -10,7 +10,7 @@ from forecasting.api import BacktestReport, LadderFit, TargetSpec, backtest, fit
 from forecasting.public_data import chinchilla_points, marin_ladder, shared_data_dir
 
 DATA = shared_data_dir()
-pytestmark = pytest.mark.skipif(DATA is None, reason="shared/data not present")
+assert DATA is not None, "the public data (../shared/data beside the repository, or $LADDER_SHARED_DATA) is missing"
 
 
 def test_fit_ladder_matched_progress_on_marin_has_intervals_and_round_trips():

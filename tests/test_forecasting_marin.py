@@ -9,7 +9,7 @@ from forecasting.matched_progress import marin_baseline
 from forecasting.public_data import linear_decay_schedule, marin_ladder, shared_data_dir
 
 DATA = shared_data_dir()
-pytestmark = pytest.mark.skipif(DATA is None, reason="shared/data not present")
+assert DATA is not None, "the public data (../shared/data beside the repository, or $LADDER_SHARED_DATA) is missing"
 
 
 @pytest.fixture(scope="module")
