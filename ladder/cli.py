@@ -370,6 +370,27 @@ def fit(
         console.print(f"[yellow]warning:[/] {warning}")
 
 
+def _schedule_values(kind, peak_lr, num_steps, warmup, min_lr_fraction, decay_fraction) -> list[float] | None:
+    """The LR at steps 1..num_steps of a schedule described on the command line (the trainer's formula)."""
+    if kind is None:
+        return None
+    if not num_steps or peak_lr is None:
+        _fail("--schedule needs --num-steps and --peak-lr to turn the schedule into an LR per step.")
+    import numpy as np
+    from pydantic import ValidationError
+
+    from ladder.spec import explain_validation_error
+    from trainer.config import ScheduleConfig
+    from trainer.optim import schedule_value
+
+    try:
+        config = ScheduleConfig(kind=kind, warmup=warmup, min_lr_fraction=min_lr_fraction, decay_fraction=decay_fraction)
+    except ValidationError as error:
+        _fail(explain_validation_error(error, "schedule"))
+    steps = np.arange(1, num_steps + 1)
+    return [float(v) for v in schedule_value(steps, peak=peak_lr, schedule=config, num_steps=num_steps)]
+
+
 @app.command()
 def forecast(
     source: str = typer.Argument(..., help="Experiment file/module, or a CSV/parquet table of runs."),
@@ -385,6 +406,11 @@ def forecast(
     num_steps: Optional[int] = typer.Option(None, help="With a table: planned optimizer steps of the target."),
     flops: Optional[float] = typer.Option(None, help="With a table: planned training FLOPs of the target (default 6ND)."),
     name: str = typer.Option("target", help="With a table: a name for the target."),
+    schedule: Optional[str] = typer.Option(None, help="With a table: the target's LR schedule kind (constant, cosine, linear, wsd); needs --num-steps and --peak-lr."),
+    peak_lr: Optional[float] = typer.Option(None, help="With a table and --schedule: peak learning rate."),
+    warmup: float = typer.Option(0.01, help="With --schedule: warmup, a fraction of steps if < 1, else steps."),
+    min_lr_fraction: float = typer.Option(0.1, help="With --schedule: final LR as a fraction of peak."),
+    decay_fraction: float = typer.Option(0.2, help="With --schedule wsd: fraction of steps in the cooldown."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document: final_loss, final_loss_lo, final_loss_hi, curve, ..."),
 ) -> None:
     """Forecast a run's whole loss curve and final loss with a band; with an experiment, store it as a new version."""
@@ -397,8 +423,9 @@ def forecast(
             if params_active is None or tokens is None:
                 _fail("with a table, describe the target: --params-active N --tokens D (and optionally --num-steps, --flops).")
             table = api.load_table(source)
+            lr = _schedule_values(schedule, peak_lr, num_steps, warmup, min_lr_fraction, decay_fraction)
             spec = TargetSpec(name=name, params_active=params_active, params_total=params_total, tokens=tokens,
-                              num_steps=num_steps, total_flops=flops, tokens_per_step=tokens / num_steps if num_steps else None)
+                              num_steps=num_steps, total_flops=flops, tokens_per_step=tokens / num_steps if num_steps else None, lr=lr)
             result = api.forecast_target(table, spec, method=method, n_bootstrap=n_bootstrap, seed=seed)
         else:
             from ladder.dag import DagError, TrainStep

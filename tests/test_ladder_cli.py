@@ -146,3 +146,16 @@ def test_status_and_show_read_a_run(tmp_path):
     assert "metrics: 2 rows" in shown.output and '"state": "done"' in shown.output
     missing = runner.invoke(app, ["show", str(tmp_path)])
     assert missing.exit_code == 2 and "not a run directory" in missing.output
+
+
+def test_forecast_on_a_table_takes_a_schedule(tmp_path):
+    table = _chinchilla_table(tmp_path / "runs.csv")
+    args = ["forecast", table, "--params-active", "1e9", "--tokens", "2e10", "--method", "chinchilla", "--n-bootstrap", "20", "--json"]
+    result = runner.invoke(app, args + ["--schedule", "cosine", "--num-steps", "1000", "--peak-lr", "3e-3"])
+    assert result.exit_code == 0, result.output
+    lr = json.loads(result.stdout)["target"]["lr"]
+    assert len(lr) == 1000 and max(lr) == pytest.approx(3e-3, rel=1e-3) and lr[-1] == pytest.approx(3e-4, rel=1e-2)
+    missing = runner.invoke(app, args + ["--schedule", "cosine"])
+    assert missing.exit_code == 2 and "--num-steps and --peak-lr" in missing.output
+    bad = runner.invoke(app, args + ["--schedule", "exponential", "--num-steps", "10", "--peak-lr", "1e-3"])
+    assert bad.exit_code == 2 and "schedule.kind" in bad.output
