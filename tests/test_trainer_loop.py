@@ -473,3 +473,21 @@ def test_sharded_run_on_8_cpu_devices_matches_single_device(reference_run, tmp_p
     assert out["steps"] == steps
     reference = train_losses(reference_run[0])
     np.testing.assert_allclose(out["losses"], [reference[s] for s in range(1, steps + 1)], rtol=2e-4)
+
+
+def test_eval_is_dropless_by_default_and_training_is_unchanged(ladder_cache, tmp_path):
+    """With starved capacity buffers the as-trained eval drops tokens; the default dropless eval does not,
+    and the choice changes only the eval numbers, never a training step."""
+    from trainer.loop import train
+
+    job = tiny_job(num_steps=4, eval_every=4)
+    starved = job.model.model_copy(update={"moe": job.model.moe.model_copy(update={"capacity_factor": 0.3})})
+    losses = {}
+    for mode in ("dropless", "as_trained"):
+        run_job = job.model_copy(update={"model": starved, "train": job.train.model_copy(update={"eval_dispatch": mode})})
+        run_dir = str(tmp_path / mode)
+        assert train(run_job, run_dir).completed
+        rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+        losses[mode] = ([r["train/loss"] for r in rows if "train/loss" in r], [r["eval/loss"] for r in rows if "eval/loss" in r][-1])
+    assert losses["dropless"][0] == losses["as_trained"][0]
+    assert losses["dropless"][1] < losses["as_trained"][1] - 1e-3

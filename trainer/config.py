@@ -346,6 +346,11 @@ class TrainConfig(Frozen):
         None, gt=0, description="Peak FLOP/s of the whole mesh for MFU; None = table by device kind (measured on CPU)."
     )
     async_checkpointing: bool = Field(True, description="Write checkpoints in the background (orbax async).")
+    eval_dispatch: Literal["dropless", "as_trained"] = Field(
+        "dropless",
+        description="Expert dispatch of evaluations: 'dropless' (ragged_dot, no token dropped: eval loss measures the "
+        "model, not its capacity buffers, as Marin's eval_dropless metric does) or 'as_trained' (the training dispatch).",
+    )
 
 
 class TrainJob(Frozen):

@@ -345,7 +345,10 @@ def train(
         out_shardings=(state_shardings, replicated),
         donate_argnums=(0,),
     )
-    eval_loss = jax.jit(lambda p, r, b: model.loss_fn(p, r, b, cfg)[1]["lm_loss"], out_shardings=replicated)
+    eval_dispatch = "ragged" if (tcfg.eval_dispatch == "dropless" and cfg.moe is not None) else None
+    eval_loss = jax.jit(
+        lambda p, r, b: model.loss_fn(p, r, b, cfg, dispatch=eval_dispatch)[1]["lm_loss"], out_shardings=replicated
+    )
 
     def to_device(local_batch: np.ndarray) -> jax.Array:
         return jax.make_array_from_process_local_data(batch_sharding, np.asarray(local_batch, dtype=np.int32))
