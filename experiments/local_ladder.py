@@ -24,7 +24,10 @@ Constants and why:
 - 8 tokens per active parameter (Marin uses 791): what fits the CPU budget while the loss still falls
   steadily at every size;
 - peak LR 3e-3 * sqrt(64 / width): a width-scaled heuristic in the spirit of Marin's LR law;
-- bias balancing rate 1e-3 (DeepSeek-V3's gamma), logit z-loss 1e-4 (Marin's value).
+- bias balancing rate 1e-2, ten times DeepSeek-V3's gamma: these runs last 100-2,500 steps, and at 1e-3
+  the bias cannot move far enough in time (measured on r32: drop fraction at mid-run 0.24 with 1e-3 and
+  0.06 with 1e-2; final dropless eval loss 2.557 vs 2.513);
+- logit z-loss 1e-4 (Marin's value); evaluation is dropless, as Marin's forecast metric.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def local_model(width: int, layers: int, *, seq_len: int = SEQ_LEN) -> ModelConf
             num_shared_experts=1,
             shared_expert_dim=width // 2,
             balancing="bias",
-            bias_update_rate=1e-3,
+            bias_update_rate=1e-2,
         ),
     )
 
