@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -84,6 +84,11 @@ class ExperimentSpec(TrainJob):
 
     resources: ResourceSpec = Field(default_factory=ResourceSpec, description="Cluster resources (not identity).")
     tags: dict[str, str] = Field(default_factory=dict, description="Free-form labels (not identity).")
+    accounting: Literal["ladder", "marin"] = Field(
+        "ladder",
+        description="Convention of the derived parameter and FLOP counts (not identity: it changes how numbers are "
+        "reported, not what trains): 'ladder' = ours, 'marin' = Marin's published counts (trainer.accounting).",
+    )
 
     @staticmethod
     def tokens_for(model: ModelConfig, tokens_per_active_param: float) -> int:
@@ -94,11 +99,11 @@ class ExperimentSpec(TrainJob):
 
     def job(self) -> TrainJob:
         """The trainer's view: the same job without resources and tags."""
-        return TrainJob.model_validate(self.model_dump(exclude={"resources", "tags"}))
+        return TrainJob.model_validate(self.model_dump(exclude={"resources", "tags", "accounting"}))
 
     def identity(self) -> dict[str, Any]:
         """The canonical content that determines results (what the fingerprint hashes)."""
-        payload = self.model_dump(mode="json", exclude={"resources", "tags"})
+        payload = self.model_dump(mode="json", exclude={"resources", "tags", "accounting"})
         for field in TrainConfig.EXECUTION_FIELDS:
             payload["train"].pop(field, None)
         return payload
@@ -120,24 +125,34 @@ class DerivedNumbers(BaseModel):
     flops_per_token: float = Field(description="Forward FLOPs per token including the lm_head.")
     flops_per_token_no_lm_head: float
     total_flops: float = Field(description="Training FLOPs (3 x forward, lm_head included) over all steps.")
+    accounting: str = Field("ladder", description="Convention of these counts (ExperimentSpec.accounting).")
 
 
 def derive_numbers(spec: TrainJob) -> DerivedNumbers:
     from trainer import accounting
 
-    counts = accounting.count_params(spec.model)
+    convention = getattr(spec, "accounting", "ladder")
+    if convention == "marin":
+        params_active = accounting.marin_active_params(spec.model)
+        params_total = accounting.marin_total_params(spec.model)
+    else:
+        counts = accounting.count_params(spec.model)
+        params_active, params_total = counts.active, counts.total
     steps = spec.num_steps
     tokens = steps * spec.tokens_per_step
-    fpt = float(accounting.forward_flops_per_token(spec.model, include_lm_head=True))
+    fpt = float(accounting.forward_flops_per_token(spec.model, include_lm_head=True, convention=convention))
     return DerivedNumbers(
-        params_active=int(counts.active),
-        params_total=int(counts.total),
+        params_active=int(params_active),
+        params_total=int(params_total),
         num_steps=steps,
         tokens=tokens,
         tokens_per_step=spec.tokens_per_step,
         flops_per_token=fpt,
-        flops_per_token_no_lm_head=float(accounting.forward_flops_per_token(spec.model, include_lm_head=False)),
+        flops_per_token_no_lm_head=float(
+            accounting.forward_flops_per_token(spec.model, include_lm_head=False, convention=convention)
+        ),
         total_flops=3.0 * fpt * tokens,
+        accounting=convention,
     )
 
 
