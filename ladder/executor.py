@@ -149,6 +149,10 @@ class StepTask:
     target: Step | None = None
     target_fingerprint: str | None = None
     lease_ttl: float = field(default_factory=lease_ttl_seconds)
+    # live forecast overlay of a TrainStep (ladder.overlay): set by run() when a FitStep targets the step
+    forecast_planned: bool = False
+    forecast_ladder_run_dirs: tuple[str, ...] = ()
+    forecast_refit_every: int | None = None
 
 
 def execute_step(task: StepTask) -> dict[str, Any]:
@@ -226,7 +230,11 @@ def _run_step_body(step: Step, context: StepContext, task: StepTask, store: Stor
             context.report_progress({"step": step_number, **{k: v for k, v in metrics.items() if k.startswith("eval/loss")}})
             return None
 
-        result = train(step.spec.job(), context.run_dir, hooks=[progress_hook], should_stop=context.should_stop)
+        hooks: list[Callable[[int, dict[str, Any]], Any]] = [progress_hook]
+        overlay = _forecast_overlay(step, context, task)
+        if overlay is not None:
+            hooks.append(overlay)
+        result = train(step.spec.job(), context.run_dir, hooks=hooks, should_stop=context.should_stop)
         payload = result.model_dump(mode="json") if hasattr(result, "model_dump") else dict(result)
         return payload, bool(payload.get("completed", True))
     if isinstance(step, FitStep):
@@ -241,6 +249,18 @@ def _run_step_body(step: Step, context: StepContext, task: StepTask, store: Stor
             value = {"value": value}
         return value, True
     raise ExecutionError(f"don't know how to run a {type(step).__name__}")
+
+
+def _forecast_overlay(step: TrainStep, context: StepContext, task: StepTask):
+    """The live forecast overlay when this step has a stored or planned forecast; never fails the step."""
+    try:
+        from ladder.overlay import overlay_for_step
+
+        return overlay_for_step(step, context.store_url, context.run_dir, task.forecast_ladder_run_dirs,
+                                task.forecast_refit_every, has_fit_step=task.forecast_planned)
+    except Exception:  # noqa: BLE001 - a forecast view must never stop training
+        traceback.print_exc()
+        return None
 
 
 def code_version() -> str:
@@ -296,7 +316,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         os.environ.pop("RAY_ADDRESS", None)
         if num_cpus is not None:
             kwargs["num_cpus"] = num_cpus
-    ray.init(**kwargs)
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        where = f"the Ray cluster at {address}" if address else "an embedded local Ray"
+        raise ExecutionError(f"could not start or reach {where}: {error}") from error
 
 
 def run(
@@ -351,6 +375,7 @@ def run(
             dependency_fingerprints={d: dag.fingerprints[d] for d in step.deps},
             target=dag[step.target] if isinstance(step, FitStep) else None,
             target_fingerprint=dag.fingerprints[step.target] if isinstance(step, FitStep) else None,
+            **(_overlay_fields(dag, store, name) if isinstance(step, TrainStep) else {}),
         )
         options: dict[str, Any] = {"max_retries": 0, "name": f"ladder:{name}"}
         options.update(step_resources(step).ray_options())
@@ -384,6 +409,23 @@ def run(
         _stop_inflight(inflight, dag, store, state, log)
     report.states = {n: state[n] for n in wanted}
     return report
+
+
+def _overlay_fields(dag: DAG, store: Store, name: str) -> dict[str, Any]:
+    """StepTask fields for the live overlay of TrainStep `name`: the finished runs its forecast reads, the refit cadence."""
+    from ladder.fitting import ladder_runs_for
+
+    fit = next((s for s in dag if isinstance(s, FitStep) and s.target == name), None)
+    dirs = []
+    for run in ladder_runs_for(dag, name):
+        run_dir = store.run_dir(run, dag.fingerprints[run])
+        if (store.read_status(run_dir) or {}).get("state") == "done":
+            dirs.append(store.url_of(run_dir))
+    return {
+        "forecast_planned": fit is not None,
+        "forecast_ladder_run_dirs": tuple(dirs),
+        "forecast_refit_every": fit.config.overlay_refit_every if fit is not None else None,
+    }
 
 
 def _dependency_info(dag: DAG, store: Store, name: str) -> DependencyInfo:

@@ -159,3 +159,4 @@ def test_forecast_on_a_table_takes_a_schedule(tmp_path):
     assert missing.exit_code == 2 and "--num-steps and --peak-lr" in missing.output
     bad = runner.invoke(app, args + ["--schedule", "exponential", "--num-steps", "10", "--peak-lr", "1e-3"])
     assert bad.exit_code == 2 and "schedule.kind" in bad.output
+
