@@ -1,0 +1,154 @@
+"""Importing external runs: Marin's published rungs become run directories the forecaster reads like our own."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from forecasting.api import forecast_target
+from forecasting.matched_progress import marin_baseline
+from forecasting.public_data import marin_ladder, shared_data_dir
+from ladder.executor import plan
+from ladder.fitting import table_from_steps
+from ladder.importer import (
+    MARIN_SOURCE,
+    ImportConflict,
+    import_command,
+    import_external_run,
+    import_marin_published,
+    marin_forecast_target,
+)
+from ladder.loader import load_experiment
+from ladder.store import Store
+
+RUNGS = ["d768", "d1024", "d1536", "d2048"]
+DATA = shared_data_dir()
+assert DATA is not None, "the public data (../shared/data beside the repository, or $LADDER_SHARED_DATA) is missing"
+
+
+@pytest.fixture(scope="module")
+def exp():
+    return load_experiment("experiments/marin_535b.py")
+
+
+@pytest.fixture(scope="module")
+def imported(exp, tmp_path_factory):
+    store = Store(str(tmp_path_factory.mktemp("marin-root")))
+    dirs = import_marin_published(store, exp.dag)
+    return store, dirs
+
+
+@pytest.fixture(scope="module")
+def table(exp, imported):
+    store, _ = imported
+    return table_from_steps(exp.dag, store, RUNGS, require_done=False)
+
+
+def test_imported_runs_are_real_run_directories(exp, imported):
+    store, dirs = imported
+    assert set(dirs) == set(RUNGS)
+    rows = {r.name: r for r in plan(exp.dag, store)}
+    assert [rows[n].state for n in RUNGS] == ["done", "done", "done", "failed"]
+    assert rows["fit"].state == "blocked" and rows["hero"].state == "blocked"  # d2048 never finished
+    for name in RUNGS:
+        run_dir = store.run_dir(name, exp.dag.fingerprints[name])
+        assert dirs[name] == run_dir
+        spec = store.read_json(f"{run_dir}/spec.json")
+        assert spec["fingerprint"] == exp.dag.fingerprints[name] and spec["kind"] == "train"
+        assert spec["derived"]["accounting"] == "marin" and spec["tags"]["wandb_run"].startswith("rav-ladder-")
+        status = store.read_status(run_dir)
+        (event,) = status["history"]
+        assert event["event"] == "imported" and event["source"] == MARIN_SOURCE
+        assert status["provenance"]["source"] == MARIN_SOURCE and status["lease"] is None
+    d2048 = store.read_status(store.run_dir("d2048", exp.dag.fingerprints["d2048"]))
+    assert "16,063" in d2048["last_error"]
+    result = store.read_json(f"{dirs['d768']}/result.json")
+    assert result["final_eval_loss"] == pytest.approx(3.01535, abs=1e-5) and result["completed"] is True
+
+
+def test_imported_table_equals_the_public_table(table):
+    """Same steps, losses, fractions, tokens and C (lm_head excluded) as forecasting.public_data's loader."""
+    public, _, _ = marin_ladder(DATA / "marin_535b_ladder")
+    a = table.sort_values(["run", "step"]).reset_index(drop=True)
+    b = public.sort_values(["run", "step"]).reset_index(drop=True)
+    assert list(a["run"]) == list(b["run"]) and list(a["step"]) == list(b["step"])
+    for column in ("loss", "fraction", "tokens", "flops", "num_steps"):
+        np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float), rtol=1e-12)
+    # rungs.csv rounds the parameter counts (d2048: 1.2e9); ours are Marin's exact _active_params
+    assert a.groupby("run")["params_active"].first()["d2048"] == 1_170_735_104
+    assert a.groupby("run")["fraction"].max()["d2048"] == pytest.approx(16_063 / 20_072, abs=1e-4)  # crashed at 80%
+
+
+def test_matched_progress_baseline_from_imported_runs_gives_2_0388(exp, table):
+    target = marin_forecast_target(exp.dag["hero"])
+    assert target.total_flops == pytest.approx(2.6108941613772703e24, rel=1e-12)
+    fit = marin_baseline(table)
+    grid = fit.predict_at_grid(target.total_flops)
+    assert round(float(grid[-1]), 4) == 2.0388
+    assert float(grid[0]) == pytest.approx(2.3921, abs=1e-4) and float(grid[1]) == pytest.approx(2.3261, abs=1e-4)
+
+
+def test_hero_forecast_from_imported_runs_matches_the_public_table(exp, table):
+    target = marin_forecast_target(exp.dag["hero"])
+    public, _, _ = marin_ladder(DATA / "marin_535b_ladder")
+    ours = forecast_target(table, target, n_bootstrap=8, seed=0)
+    reference = forecast_target(public.drop(columns=["lr"]), target, n_bootstrap=8, seed=0)
+    assert ours.method == "matched_progress"
+    assert ours.final_loss == pytest.approx(reference.final_loss, rel=1e-9)
+    assert ours.final_loss_lo < ours.final_loss < ours.final_loss_hi
+    assert 1.9 < ours.final_loss < 2.1
+
+
+def test_reimport_is_a_no_op_and_a_different_history_is_refused(exp, imported):
+    store, dirs = imported
+    before = store.read_status(dirs["d768"])
+    assert import_marin_published(store, exp.dag) == dirs
+    assert store.read_status(dirs["d768"]) == before
+    with pytest.raises(ImportConflict, match="never overwritten"):
+        import_external_run(store, exp.dag, "d768", [{"step": 570, "eval/loss": 9.0}], source="elsewhere")
+    assert store.read_status(dirs["d768"]) == before
+
+
+def test_a_run_of_our_own_is_never_overwritten(exp, tmp_path):
+    store = Store(str(tmp_path))
+    run_dir = store.run_dir("d1024", exp.dag.fingerprints["d1024"])
+    store.update_status(run_dir, lambda s: s.update(state="interrupted", history=[{"event": "interrupted"}]))
+    with pytest.raises(ImportConflict, match=r"history \['interrupted'\]"):
+        import_external_run(store, exp.dag, "d1024", [{"step": 763, "eval/loss": 3.4}], source="x")
+    assert not store.exists(f"{run_dir}/metrics.jsonl")
+
+
+def test_bad_imports_are_refused_with_the_reason(exp, tmp_path):
+    store = Store(str(tmp_path))
+    with pytest.raises(ValueError, match="fit step"):
+        import_external_run(store, exp.dag, "fit", [{"step": 1, "eval/loss": 3.0}], source="x")
+    with pytest.raises(ValueError, match="needs 'step' and 'eval/loss'"):
+        import_external_run(store, exp.dag, "d768", [{"step": 1, "loss": 3.0}], source="x")
+    with pytest.raises(ValueError, match="outside the spec"):
+        import_external_run(store, exp.dag, "d768", [{"step": 99_999, "eval/loss": 3.0}], source="x")
+    assert not store.exists(f"{store.root}/runs")
+
+
+def test_our_convention_keeps_the_lm_head(exp, tmp_path):
+    store = Store(str(tmp_path))
+    run_dir = import_external_run(store, exp.dag, "d768", [{"step": 100, "eval/loss": 4.0}], source="x")
+    (row,) = [json.loads(line) for line in store.fs.cat_file(f"{run_dir}/metrics.jsonl").decode().splitlines()]
+    d = exp.dag["d768"].derived
+    assert row["flops"] == pytest.approx(100 * 3 * d.flops_per_token * d.tokens_per_step)
+    assert row["tokens"] == 100 * 1024 * 4096
+
+
+def test_import_command(tmp_path):
+    app = typer.Typer()
+    app.command("import")(import_command)
+    app.command("noop")(lambda: None)  # two commands keep typer's subcommand parsing
+    runner = CliRunner()
+    result = runner.invoke(app, ["import", "experiments/marin_535b.py", "marin-published", "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "d768: done" in result.output and "d2048: failed" in result.output
+    bad = runner.invoke(app, ["import", "experiments/marin_535b.py", "somewhere", "--root", str(tmp_path)])
+    assert bad.exit_code == 2 and "unknown import source" in bad.output
