@@ -45,6 +45,10 @@ MARIN_SOURCE = (
 MARIN_RUNS = {"d768": "rav-ladder-d768-v2", "d1024": "rav-ladder-d1024", "d1536": "rav-ladder-d1536", "d2048": "rav-ladder-d2048-v3"}
 MARIN_CRASHED = {"d2048": "crashed at step 16,063 of 20,072 (80.0%), 31 steps after its data-phase switch; never resumed"}
 MARIN_METRIC = "eval_dropless/paloma/macro_loss"
+MARIN_HERO_SOURCE = (
+    "Marin W&B run hero-12d8b6f0-dee637, Paloma evals steps 0-38,999 "
+    "(shared/data/marin_535b_ladder/hero_eval_paloma_subset.csv, via fudan-chen/pretrain)"
+)
 
 
 class ImportConflict(RuntimeError):
@@ -62,11 +66,12 @@ def import_external_run(
     rows: list[dict[str, Any]],
     *,
     source: str,
-    state: Literal["done", "failed"] = "done",
+    state: Literal["done", "failed", "interrupted"] = "done",
     note: str | None = None,
     include_lm_head: bool = True,
 ) -> str:
-    """Write `rows` (each with ``step`` and ``eval/loss``) as the finished or failed run of `step_name`.
+    """Write `rows` (each with ``step`` and ``eval/loss``) as the run of `step_name`: finished ('done'),
+    crashed ('failed'), or a prefix of a run still going elsewhere ('interrupted', e.g. a live hero).
 
     ``tokens`` and ``flops`` (cumulative) are filled from the spec where a row lacks them: step x tokens
     per step, and step x 3 x forward FLOPs per token x tokens per step in the spec's accounting
@@ -76,8 +81,8 @@ def import_external_run(
     step = dag[step_name]
     if not isinstance(step, TrainStep):
         raise ValueError(f"{step_name!r} is a {step.kind} step; only training steps have runs to import.")
-    if state not in ("done", "failed"):
-        raise ValueError(f"state={state!r}; an imported run is 'done' or 'failed'.")
+    if state not in ("done", "failed", "interrupted"):
+        raise ValueError(f"state={state!r}; an imported run is 'done', 'failed' or 'interrupted' (still going elsewhere).")
     derived = step.derived
     per_token = derived.flops_per_token if include_lm_head else derived.flops_per_token_no_lm_head
     flops_per_step = 3.0 * per_token * derived.tokens_per_step
@@ -151,13 +156,45 @@ def marin_published_rows(path: str | Path) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def _default_grid() -> Path:
+def marin_hero_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The live hero's published Paloma evals (hero_eval_paloma_subset.csv) as metric rows, W&B names restored."""
+    import csv
+
+    rows = []
+    with open(path, newline="") as handle:
+        for record in csv.DictReader(handle):
+            row: dict[str, Any] = {"step": int(record.pop("step"))}
+            for key, value in record.items():
+                row[key.replace("_paloma_", "/paloma/", 1)] = float(value)
+            row["eval/loss"] = row[MARIN_METRIC]
+            rows.append(row)
+    return rows
+
+
+def _marin_data() -> Path:
     from forecasting.public_data import shared_data_dir
 
     data = shared_data_dir()
     if data is None:
-        raise FileNotFoundError("shared/data (or $LADDER_SHARED_DATA) is missing; it holds marin_535b_ladder/ladder_eval_grid.json.")
-    return data / "marin_535b_ladder" / "ladder_eval_grid.json"
+        raise FileNotFoundError("shared/data (or $LADDER_SHARED_DATA) is missing; it holds marin_535b_ladder/.")
+    return data / "marin_535b_ladder"
+
+
+def _default_grid() -> Path:
+    return _marin_data() / "ladder_eval_grid.json"
+
+
+def import_marin_hero_prefix(store: Store, dag: DAG, *, step_name: str = "hero", csv_path: str | Path | None = None) -> str:
+    """Register the live hero's published first ~10% (steps 0..38,999) as the hero step's interrupted run.
+
+    'interrupted' is what it is here: a prefix of a run that goes on elsewhere. The overlay, the plot and
+    ``forecast --refit`` read it like a live run of ours; the rows use the same x-axis as the rungs.
+    """
+    rows = marin_hero_rows(csv_path or _marin_data() / "hero_eval_paloma_subset.csv")
+    return import_external_run(
+        store, dag, step_name, rows, source=MARIN_HERO_SOURCE, state="interrupted",
+        note="W&B run hero-12d8b6f0-dee637 (390,251 steps), published evals to step 38,999 (~10%)", include_lm_head=False,
+    )
 
 
 def import_marin_published(store: Store, dag: DAG, *, grid_path: str | Path | None = None) -> dict[str, str]:
@@ -185,10 +222,17 @@ def marin_forecast_target(step: TrainStep):
     """The forecaster's target for a Marin step on Marin's x-axis (C without the lm_head), like the imported rows."""
     from ladder.fitting import target_spec
 
+    import numpy as np
+
+    from trainer import lr_at_steps
+
     target = target_spec(step)
     d = step.derived
+    lr = target.lr  # target_spec leaves out schedules over 200k steps; the hero's 390k floats are cheap enough here
+    if lr is None:
+        lr = lr_at_steps(step.spec.job(), np.arange(1, d.num_steps + 1)).tolist()
     return target.model_copy(update={"flops_per_token": 3.0 * d.flops_per_token_no_lm_head,
-                                     "total_flops": 3.0 * d.flops_per_token_no_lm_head * d.tokens})
+                                     "total_flops": 3.0 * d.flops_per_token_no_lm_head * d.tokens, "lr": lr})
 
 
 def import_command(
@@ -198,7 +242,8 @@ def import_command(
 ) -> None:
     """`ladder import EXP SOURCE`: register externally trained runs as finished (or failed) steps.
 
-    SOURCE: 'marin-published' (Marin's four 535B ladder rungs from shared/data/marin_535b_ladder).
+    SOURCE: 'marin-published': Marin's four 535B ladder rungs and the hero's published first ~10%
+    (shared/data/marin_535b_ladder).
     """
     from ladder.loader import ExperimentError, load_experiment
 
@@ -213,6 +258,8 @@ def import_command(
     store = Store(resolve_root(root))
     try:
         dirs = import_marin_published(store, exp.dag)
+        if "hero" in exp.dag.steps:
+            dirs["hero"] = import_marin_hero_prefix(store, exp.dag)
     except (ImportConflict, ValueError, FileNotFoundError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1 if isinstance(error, ImportConflict) else 2) from None

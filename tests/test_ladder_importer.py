@@ -9,7 +9,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from forecasting.api import forecast_target
+from forecasting.api import forecast_target, refit_forecast
+from forecasting.table import from_run_dirs
 from forecasting.matched_progress import marin_baseline
 from forecasting.public_data import marin_ladder, shared_data_dir
 from ladder.executor import plan
@@ -19,6 +20,7 @@ from ladder.importer import (
     ImportConflict,
     import_command,
     import_external_run,
+    import_marin_hero_prefix,
     import_marin_published,
     marin_forecast_target,
 )
@@ -149,6 +151,24 @@ def test_import_command(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["import", "experiments/marin_535b.py", "marin-published", "--root", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert "d768: done" in result.output and "d2048: failed" in result.output
+    assert "d768: done" in result.output and "d2048: failed" in result.output and "hero: interrupted" in result.output
     bad = runner.invoke(app, ["import", "experiments/marin_535b.py", "somewhere", "--root", str(tmp_path)])
     assert bad.exit_code == 2 and "unknown import source" in bad.output
+
+
+def test_hero_prefix_is_a_live_run_on_the_rungs_x_axis(exp, imported, table):
+    store, _ = imported
+    run_dir = import_marin_hero_prefix(store, exp.dag)
+    assert store.read_status(run_dir)["state"] == "interrupted"
+    assert {r.name: r.state for r in plan(exp.dag, store)}["hero"] == "blocked"  # waits for the fit, which waits for d2048
+    live = from_run_dirs([run_dir])
+    _, hero, observed = marin_ladder(DATA / "marin_535b_ladder")
+    assert list(live["step"]) == list(observed["step"])
+    for column in ("loss", "flops", "tokens", "fraction"):
+        np.testing.assert_allclose(live[column].to_numpy(float), observed[column].to_numpy(float), rtol=1e-12)
+    target = marin_forecast_target(exp.dag["hero"])
+    prior = forecast_target(table, target, n_bootstrap=8, seed=0)
+    refit = refit_forecast(table, target, live[live["step"] <= 18000], prior=prior, n_bootstrap=8, seed=0)
+    later = observed[observed["step"] >= 21000]
+    predicted = np.array([refit.band_at(s)[0] for s in later["step"]])
+    assert np.abs(predicted / later["loss"].to_numpy() - 1).max() < 0.005  # the published refit quality, from run dirs
