@@ -23,7 +23,7 @@ import inspect
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +44,13 @@ class FitConfig(BaseModel):
     method: str = Field("auto", description="Forecasting method (see `ladder fit --help`); 'auto' picks the best backtested one.")
     n_bootstrap: int = Field(200, ge=0, description="Bootstrap resamples for intervals.")
     seed: int = Field(0, description="Seed of the bootstrap.")
+    overlay_refit_every: int = Field(
+        10, ge=0,
+        description="While the target trains, refit its forecast with its live prefix every this many evals (0: never). "
+        "How the forecast is watched, not what it is: not part of the fit's fingerprint.",
+    )
+
+    IDENTITY_EXCLUDES: ClassVar[frozenset[str]] = frozenset({"overlay_refit_every"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,7 +131,8 @@ class FitStep(Step):
             )
 
     def content(self) -> dict[str, Any]:
-        return {"kind": "fit", "target": self.target, "config": self.config.model_dump(mode="json")}
+        config = self.config.model_dump(mode="json", exclude=set(FitConfig.IDENTITY_EXCLUDES))
+        return {"kind": "fit", "target": self.target, "config": config}
 
     def describe(self) -> str:
         return f"fit {len(self.deps)} runs -> forecast {self.target}"

@@ -1,0 +1,152 @@
+"""The live forecast overlay: band and sigma beside each eval, refits that take over, failures that change nothing."""
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from forecasting.forecast import CurvePoint, Forecast, TargetSpec
+from ladder.fitting import store_forecast
+from ladder.overlay import ForecastOverlay, live_table
+from ladder.store import Store
+
+NUM_STEPS = 400
+
+
+def _target(name: str = "hero") -> TargetSpec:
+    lr = (1e-3 * (1 - 0.9 * np.arange(NUM_STEPS) / NUM_STEPS)).tolist()  # linear decay: the refit's annealing term applies
+    return TargetSpec(name=name, params_active=3e6, tokens=4e5, num_steps=NUM_STEPS, tokens_per_step=1000, lr=lr)
+
+
+def _forecast(target: TargetSpec, *, shift: float = 0.0) -> Forecast:
+    # (loss, lo, hi): (4.0, 3.8, 4.2) at step 10 and (3.0, 2.9, 3.1) at step 1000, interpolated in log(step)
+    curve = [CurvePoint(step=10, loss=4.0 + shift, lo=3.8 + shift, hi=4.2 + shift),
+             CurvePoint(step=1000, loss=3.0 + shift, lo=2.9 + shift, hi=3.1 + shift)]
+    return Forecast(target=target, method="compute", inputs_fingerprint="test", curve=curve, final_loss=3.0 + shift,
+                    final_loss_lo=2.9 + shift, final_loss_hi=3.1 + shift, law="test law")
+
+
+def _ladder_curve(n: float, steps):
+    steps = np.asarray(steps, dtype=float)
+    return (1.8 + 30 * n ** -0.25 + 2.0 * steps ** -0.4) * (1 + 0.002 * np.sin(7.3 * steps + n))
+
+
+def _ladder_run_dirs(root) -> list[str]:
+    """Three finished rungs as run directories (spec.json + metrics.jsonl), as the trainer writes them."""
+    dirs = []
+    for name, n in (("r1", 1e5), ("r2", 3e5), ("r3", 1e6)):
+        run_dir = os.path.join(root, name)
+        os.makedirs(run_dir)
+        derived = {"params_active": n, "params_total": n, "num_steps": NUM_STEPS, "tokens_per_step": 1000, "tokens": 4e5}
+        with open(os.path.join(run_dir, "spec.json"), "w") as handle:
+            json.dump({"name": name, "derived": derived}, handle)
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as handle:
+            for step in range(50, NUM_STEPS + 1, 50):
+                handle.write(json.dumps({"step": step, "tokens": step * 1000, "eval/loss": float(_ladder_curve(n, step))}) + "\n")
+        dirs.append(run_dir)
+    return dirs
+
+
+def test_hook_returns_the_band_and_sigma_of_the_newest_version(tmp_path):
+    store = Store(str(tmp_path / "root"))
+    target = _target()
+    assert store_forecast(store, _forecast(target), meta={}) == 1
+    overlay = ForecastOverlay(store.url, "hero", target, [], run_dir=None, refit_every=0, console_alerts=False)
+    out = overlay(100, {"step": 100, "eval/loss": 3.6})
+    # step 100 is halfway between 10 and 1000 in log(step): (3.5, 3.35, 3.65); sigma = 0.1 / (0.3 / 3.92)
+    assert out["forecast/loss"] == pytest.approx(3.5)
+    assert out["forecast/lo"] == pytest.approx(3.35) and out["forecast/hi"] == pytest.approx(3.65)
+    assert out["forecast/sigma"] == pytest.approx(0.1 / (0.3 / 3.92))
+    assert out["forecast/version"] == 1 and out["alerts/count"] == 0
+    # a new version (e.g. `ladder forecast EXP hero --refit`) takes over at the next eval
+    assert store_forecast(store, _forecast(target, shift=0.5), meta={}) == 2
+    out = overlay(100, {"step": 100, "eval/loss": 3.6})
+    assert out["forecast/version"] == 2 and out["forecast/loss"] == pytest.approx(4.0)
+
+
+def test_no_forecast_means_no_forecast_keys(tmp_path):
+    overlay = ForecastOverlay(str(tmp_path / "root"), "hero", _target(), [], refit_every=0, console_alerts=False)
+    out = overlay(10, {"step": 10, "eval/loss": 3.0})
+    assert not any(k.startswith("forecast/") for k in out)
+
+
+def test_failed_refit_keeps_the_forecast_and_is_logged(tmp_path, caplog):
+    store = Store(str(tmp_path / "root"))
+    target = _target()
+    store_forecast(store, _forecast(target), meta={})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    overlay = ForecastOverlay(store.url, "hero", target, [str(tmp_path / "no-such-rung")], run_dir=str(run_dir),
+                              refit_every=1, refit_in="thread", console_alerts=False)
+    overlay(100, {"step": 100, "eval/loss": 3.5})
+    overlay.wait(60)
+    with caplog.at_level(logging.WARNING, logger="ladder.overlay"):
+        out = overlay(200, {"step": 200, "eval/loss": 3.3})
+    assert overlay.refits_failed == 1 and "TableError" in overlay.last_refit_error
+    assert "failed; keeping forecast version 1" in caplog.text
+    assert out["forecast/version"] == 1 and store.list_forecasts("hero") == [1]
+    (alert,) = [json.loads(line) for line in open(run_dir / "alerts.jsonl")]
+    assert alert["kind"] == "overlay_error" and alert["step"] == 100 and "version 1 stays" in alert["message"]
+
+
+def test_refit_with_the_live_prefix_stores_the_next_version(tmp_path):
+    store = Store(str(tmp_path / "root"))
+    target = _target()
+    store_forecast(store, _forecast(target), meta={})
+    ladder = _ladder_run_dirs(str(tmp_path / "rungs"))
+    overlay = ForecastOverlay(store.url, "hero", target, ladder, refit_every=8, n_bootstrap=10, console_alerts=False)
+    assert overlay.refit_in == "process"  # the default: a refit's scipy never holds the trainer's GIL
+    live_steps = range(25, 201, 25)
+    for step in live_steps:
+        out = overlay(step, {"step": step, "tokens": step * 1000, "eval/loss": float(_ladder_curve(3e6, step))})
+        assert out["forecast/version"] == 1
+    assert overlay.refits_started == 1
+    overlay.wait(240)
+    out = overlay(225, {"step": 225, "eval/loss": float(_ladder_curve(3e6, 225))})
+    assert overlay.refits_failed == 0, overlay.last_refit_error
+    assert out["forecast/version"] == 2 and store.list_forecasts("hero") == [1, 2]
+    stored = store.read_forecast("hero", 2)
+    assert stored["method"] == "refit"
+    assert stored["ladder"] == {"refit": True, "by": "overlay", "live_step": 200, "live_points": 8, "prior_version": 1}
+    # the refit blends the live curve in: at the last live eval it sits much closer to what the run did than the prior
+    actual = float(_ladder_curve(3e6, 200))
+    assert abs(out["forecast/loss"] - float(_ladder_curve(3e6, 225))) < abs(_forecast(target).band_at(225)[0] - float(_ladder_curve(3e6, 225)))
+    assert Forecast.model_validate({k: v for k, v in stored.items() if k != "ladder"}).band_at(200)[0] == pytest.approx(actual, rel=0.01)
+
+
+def test_live_table_reads_like_a_run_directory():
+    table = live_table([{"step": 50, "eval/loss": 3.0, "flops": 1e9}, {"step": 100, "eval/loss": 2.8, "flops": 2e9},
+                        {"step": 100, "eval/loss": 2.7, "flops": 2e9}], _target())
+    assert table["step"].tolist() == [50, 100] and table["loss"].tolist() == [3.0, 2.7]  # a rewritten step: the newest wins
+    assert table["tokens"].tolist() == [50_000, 100_000] and table["fraction"].tolist() == [0.125, 0.25]
+    assert table["lr"].iloc[0] == pytest.approx(1e-3 * (1 - 0.9 * 49 / NUM_STEPS))
+
+
+def test_train_step_writes_forecast_keys_on_eval_lines(tmp_path):
+    from ladder.dag import DAG, TrainStep
+    from ladder.executor import StepTask, execute_step
+    from ladder.fitting import target_spec
+    from tests.ladder_helpers import tiny_spec
+
+    step = TrainStep(name="hero", spec=tiny_spec())
+    dag = DAG([step])
+    store = Store(str(tmp_path / "root"))
+    spec = target_spec(step)
+    curve = [CurvePoint(step=1, loss=6.0, lo=5.0, hi=7.0), CurvePoint(step=spec.num_steps, loss=5.0, lo=4.0, hi=6.0)]
+    forecast = Forecast(target=spec, method="compute", inputs_fingerprint="t", curve=curve, final_loss=5.0,
+                        final_loss_lo=4.0, final_loss_hi=6.0, law="test")
+    store_forecast(store, forecast, meta={})
+    outcome = execute_step(StepTask(step=step, fingerprint=dag.fingerprints["hero"], store_url=store.url, owner="me",
+                                    deps={}, dependency_fingerprints={}))
+    assert outcome["outcome"] == "done", outcome
+    run_dir = store.run_dir("hero", dag.fingerprints["hero"])
+    rows = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+    evals = [r for r in rows if "eval/loss" in r]
+    assert evals and all(r["forecast/version"] == 1 for r in evals)
+    for r in evals:
+        loss, lo, hi = forecast.band_at(r["step"])
+        assert r["forecast/loss"] == pytest.approx(loss) and (r["forecast/lo"], r["forecast/hi"]) == pytest.approx((lo, hi))
+        assert r["forecast/sigma"] == pytest.approx((r["eval/loss"] - loss) / ((hi - lo) / 3.92))
+    assert not any("forecast/loss" in r for r in rows if "eval/loss" not in r)
