@@ -49,6 +49,10 @@ Constants and their reasons:
 - Resources: racks x 16 hosts x 4 GB200 (Marin uses 64 GPUs of each NVL72 rack); mesh expert 64 x
   replica racks (``expert_axis_size=64``, ``replica_axis_size=racks``).
 
+Published results: ``ladder import experiments/marin_535b.py marin-published`` (``ladder.importer``)
+registers Marin's four rungs (d2048 as the failed run it is, 5%..80%) and the hero's published first
+10% as run directories of these very steps, on Marin's forecast x-axis (C without the lm_head).
+
 Marin features our trainer cannot express (the numbers above are not adjusted for them, and
 ``accounting="marin"`` counts exactly what Marin's own counts count, which leaves them out too):
 MuonH/AdamH optimizer groups (we run AdamW at the Adam-group LR); GatedNorm (rank-128 sigmoid gates
@@ -171,6 +175,8 @@ def marin_steps(model: ModelConfig, batch: int) -> int:
 
 
 def adam_lr(tokens: int, d: int, tokens_per_step: int) -> float:
+    """Marin's Adam-group LR (§5a); our AdamW peak. Marin's matrices (MuonH) and lm_head (AdamH) ran at
+    min(0.05, 13/3 x this): our trainer has AdamW only, so that group LR is recorded in the tags, not used."""
     return min(MAX_LR, ADAM_LR_COEFFICIENT * tokens**ADAM_LR_TOKENS_EXPONENT * d**ADAM_LR_WIDTH_EXPONENT * math.sqrt(tokens_per_step))
 
 
