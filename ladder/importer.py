@@ -134,6 +134,8 @@ def import_external_run(
     now = time.time()
 
     def record(current: dict[str, Any]) -> dict[str, Any]:
+        if current.get("history"):  # someone else wrote this step's status since we looked
+            raise ImportConflict(f"{store.url_of(run_dir)} gained a history while importing; its status was left as it is.")
         event = {"event": "imported", "at": now, "source": source, "state": state, "rows": len(metrics), "digest": digest}
         if note:
             event["note"] = note
