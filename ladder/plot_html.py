@@ -169,7 +169,7 @@ function chart(spec,container){
  var pw=W-M.l-M.r,ph=H-M.t-M.b,drag=null,pts=[];
  function yRange(){var ys=[];spec.series.forEach(function(s){for(var i=0;i<s.x.length;i++){var x=s.x[i];if(!finite(x)||x<view[0]||x>view[1]){continue;}
   [s.y?s.y[i]:null,s.lo?s.lo[i]:null,s.hi?s.hi[i]:null].forEach(function(v){if(finite(v)){ys.push(v);}});}});
-  if(spec.zero){ys.push(0);}if(!ys.length){return [0,1];}var lo=Math.min.apply(null,ys),hi=Math.max.apply(null,ys),pad=(hi-lo||Math.abs(hi)||1)*0.06;return [lo-pad,hi+pad];}
+  if(spec.zero){ys.push(0);}if(!ys.length){return [0,1];}var lo=Math.min.apply(null,ys),hi=Math.max.apply(null,ys),pad=Math.max((hi-lo)*0.06,Math.max(Math.abs(lo),Math.abs(hi))*1e-3,1e-9);return [lo-pad,hi+pad];}
  function draw(){
   while(svg.firstChild){svg.removeChild(svg.firstChild);}pts=[];
   var yr=yRange(),x0=fx(view[0]),x1=fx(view[1]);
@@ -180,8 +180,9 @@ function chart(spec,container){
   if(spec.id==="history"){xt=xt.filter(function(v){return Math.abs(v-Math.round(v))<1e-9;});}
   xt.forEach(function(v){var X=sx(v);el("line",{x1:X,x2:X,y1:M.t,y2:M.t+ph,stroke:"#eee"},svg);
    var t=el("text",{x:X,y:M.t+ph+14,"text-anchor":"middle"},svg);var lg=Math.log10(v);t.textContent=spec.xlog?(Math.abs(lg-Math.round(lg))<1e-6?"1e"+Math.round(lg):v.toExponential(1)):fmt(v);});
-  niceTicks(yr[0],yr[1],6).forEach(function(v){var Y=sy(v);el("line",{x1:M.l,x2:M.l+pw,y1:Y,y2:Y,stroke:"#eee"},svg);
-   var t=el("text",{x:M.l-4,y:Y+4,"text-anchor":"end"},svg);t.textContent=fmt(v);});
+  var yt=niceTicks(yr[0],yr[1],6),ystep=yt.length>1?yt[1]-yt[0]:1,ydec=Math.max(0,Math.min(8,-Math.floor(Math.log10(ystep))));
+  yt.forEach(function(v){var Y=sy(v);el("line",{x1:M.l,x2:M.l+pw,y1:Y,y2:Y,stroke:"#eee"},svg);
+   var t=el("text",{x:M.l-4,y:Y+4,"text-anchor":"end"},svg);t.textContent=(Math.abs(v)>=1e5||ydec>4)?(v===0?"0":v.toExponential(1)):v.toFixed(ydec);});
   var g=el("g",{"clip-path":"url(#"+clipId+")"},svg);
   if(spec.zero){el("line",{x1:M.l,x2:M.l+pw,y1:sy(0),y2:sy(0),stroke:"#000","stroke-width":0.8},g);}
   spec.series.forEach(function(s){
@@ -203,7 +204,9 @@ function chart(spec,container){
   var yl=el("text",{x:14,y:M.t+ph/2,"text-anchor":"middle",transform:"rotate(-90 14 "+(M.t+ph/2)+")"},svg);yl.textContent=spec.ylabel;
   var firstLine=spec.series.filter(function(o){return o.kind==="line";})[0];
   var shown=spec.series.filter(function(s){return s.kind!=="line"||s===firstLine;});
-  var lx=spec.legend==="bl"?M.l+8:M.l+pw-240,ly=spec.legend==="bl"?M.t+ph-12*shown.length+4:M.t+12;
+  var lw=240,lh=12*shown.length+4,corners=[[M.l+pw-lw,M.t+4],[M.l+8,M.t+ph-lh],[M.l+8,M.t+4],[M.l+pw-lw,M.t+ph-lh]];
+  var crowd=corners.map(function(c){return pts.filter(function(q){return q.X>=c[0]-6&&q.X<=c[0]+lw&&q.Y>=c[1]-6&&q.Y<=c[1]+lh+6;}).length;});
+  var pick=crowd.indexOf(Math.min.apply(null,crowd)),lx=corners[pick][0],ly=corners[pick][1]+8;
   shown.forEach(function(s){
    el("rect",{x:lx,y:ly-8,width:10,height:8,fill:s.color,"fill-opacity":s.kind==="area"?0.3:1},svg);
    var t=el("text",{x:lx+14,y:ly,"class":"legend"},svg);t.textContent=s.kind==="line"?"fitted law (each rung)":s.name;ly+=12;});

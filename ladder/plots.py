@@ -47,6 +47,10 @@ class PlotInputError(ValueError):
     """A source, target or output that cannot be plotted; the message says what to change."""
 
 
+class NothingToPlot(RuntimeError):
+    """A valid source with nothing in it yet: no rung metrics, no target metrics, no stored forecast."""
+
+
 @dataclass
 class PlotData:
     """Everything a plot shows, as plain tables (see the module docstring)."""
@@ -119,7 +123,10 @@ def rung_fits(table: pd.DataFrame, n_points: int = 40) -> tuple[pd.DataFrame, st
                 if not (last["fraction"] > 0 and last["flops"] > 0):
                     continue
                 flops_full = float(last["flops"] / last["fraction"])
-                g = np.geomspace(max(float(rows["fraction"].min()), 1e-4), float(last["fraction"]), n_points)
+                # the law exists only at the fractions it was fitted on (beyond them it is held flat): draw it there
+                g_hi = min(float(last["fraction"]), max(fit.fractions))
+                g_lo = min(max(float(rows["fraction"].min()), min(fit.fractions), 1e-4), g_hi)
+                g = np.geomspace(g_lo, g_hi, n_points)
                 steps = g * float(last["step"] / last["fraction"])
                 per_step_tokens = float(last["tokens"] / last["step"]) if pd.notna(last.get("tokens", np.nan)) else np.nan
                 frames.append(pd.DataFrame({
@@ -338,6 +345,11 @@ def experiment_plot_data(experiment: str, target: str | None = None, root: str |
         except TableError:
             actual = None
     forecasts = [f for f in (load_forecast(store, target, v) for v in store.list_forecasts(target)) if f is not None]
+    if rungs.empty and actual is None and not forecasts:
+        raise NothingToPlot(
+            f"nothing to plot yet for {target}: no run of {experiment} has logged metrics under {store.url} and no "
+            f"forecast is stored; run `ladder submit {experiment}` (or pass --root where the runs are)."
+        )
     if not forecasts:
         warnings.append(f"no stored forecast for {target}; run `ladder forecast {experiment} {target}`")
     return assemble(rungs, forecasts, actual, target=target, title=f"{exp.name}: {target}", warnings=warnings)
@@ -405,7 +417,8 @@ def render_png(data: PlotData, out: str | Path, x: str = "compute") -> Path:
         ax.set_ylabel(data.loss_label)
         ax.grid(alpha=0.3, which="both")
     ax_all.set_title("ladder, fits and target forecast")
-    ax_all.legend(fontsize=7, ncol=2)
+    if ax_all.get_legend_handles_labels()[0]:
+        ax_all.legend(fontsize=7, ncol=2)
     window = zoom_range(data, x)
     if window is not None:
         ax_zoom.set_xlim(*window)
@@ -429,6 +442,11 @@ def render_png(data: PlotData, out: str | Path, x: str = "compute") -> Path:
         for vi, yi, m, n in zip(v, y, hist["method"], hist["live_points"], strict=True):
             label = f"{m} ({int(n)} live evals)" if n else m
             ax_hist.annotate(f"{label}\n{yi:.3f}", (vi, yi), textcoords="offset points", xytext=(8, 0), fontsize=7, va="center")
+        ax_hist.ticklabel_format(axis="y", useOffset=False)
+        low, high = float(hist["final_loss_lo"].min()), float(hist["final_loss_hi"].max())
+        if high - low < 2e-3 * abs(high):  # a band of nearly zero width: show it at a readable scale
+            mid = 0.5 * (low + high)
+            ax_hist.set_ylim(mid * (1 - 2e-3), mid * (1 + 2e-3))
         ax_hist.set_xticks(v)
         ax_hist.set_xlim(v.min() - 0.5, v.max() + 1.0)
         ax_hist.legend(fontsize=7)
@@ -509,6 +527,9 @@ def plot_command(
     except (PlotInputError, ExperimentError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
+    except NothingToPlot as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
     for line in data.warnings:
         typer.echo(f"warning: {line}", err=True)
     typer.echo(

@@ -205,13 +205,15 @@ EXPERIMENT = textwrap.dedent(
     from tests.ladder_helpers import tiny_spec
 
 
-    def rung(name, width, layers):
+    def rung(name, width, layers, batches):
         model = ModelConfig(hidden_dim=width, num_layers=layers, num_heads=2, seq_len=32,
                             moe=MoEConfig(num_experts=4, top_k=2, expert_dim=width))
-        return TrainStep(name=name, spec=tiny_spec(model=model))
+        train = tiny_spec().train.model_copy(update={"tokens": 32 * 8 * batches})
+        return TrainStep(name=name, spec=tiny_spec(model=model, train=train))
 
 
-    steps = build_ladder([rung("r32", 32, 2), rung("r48", 48, 2), rung("r64", 64, 3)], hero=rung("hero", 96, 4))
+    steps = build_ladder([rung("r32", 32, 2, 20), rung("r48", 48, 2, 30), rung("r64", 64, 3, 40)],
+                         hero=rung("hero", 96, 4, 80))
     """
 )
 
@@ -225,7 +227,8 @@ def _write_run(store, dag, name: str, fractions, *, state: str) -> int:
     lines = []
     for g in fractions:
         step = max(1, int(round(g * derived.num_steps)))
-        loss = 1.5 + 40.0 * (g * flops_full) ** -0.12 * (1 + 0.1 * (1 - g))
+        wobble = 1 + 0.004 * np.sin(7 * g + len(name))  # not a perfect law: residuals and bands are not zero
+        loss = (1.5 + 40.0 * (g * flops_full) ** -0.12 * (1 + 0.1 * (1 - g))) * wobble
         lines.append({"step": step, "tokens": step * derived.tokens_per_step,
                       "flops": step * derived.tokens_per_step * derived.flops_per_token * 3, "eval/loss": loss})
     with store.fs.open(f"{run_dir}/metrics.jsonl", "w") as handle:
@@ -293,3 +296,10 @@ def test_command_exits_2_on_a_target_that_is_not_a_training_step(small_ladder, t
     )
     assert result.exit_code == 2 and "'nope' is not a training step" in result.output
     assert not (tmp_path / "x.png").exists()
+
+
+def test_command_exits_1_when_nothing_has_run_yet(small_ladder, tmp_path):
+    result = CliRunner().invoke(
+        _cli(), ["plot", small_ladder["experiment"], "--root", str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")]
+    )
+    assert result.exit_code == 1 and "nothing to plot yet for hero" in result.output
