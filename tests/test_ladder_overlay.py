@@ -150,3 +150,50 @@ def test_train_step_writes_forecast_keys_on_eval_lines(tmp_path):
         assert r["forecast/loss"] == pytest.approx(loss) and (r["forecast/lo"], r["forecast/hi"]) == pytest.approx((lo, hi))
         assert r["forecast/sigma"] == pytest.approx((r["eval/loss"] - loss) / ((hi - lo) / 3.92))
     assert not any("forecast/loss" in r for r in rows if "eval/loss" not in r)
+
+
+def test_the_driver_gives_a_forecast_target_its_finished_rungs_and_cadence(tmp_path):
+    from ladder.executor import _overlay_fields
+    from ladder.loader import load_experiment
+
+    dag = load_experiment("experiments/readme_example.py").dag
+    store = Store(str(tmp_path / "root"))
+    for name in ("r32", "r48"):  # r64 not finished: a refit must not read it
+        store.write_json(f"{store.run_dir(name, dag.fingerprints[name])}/status.json", {"state": "done"})
+    fields = _overlay_fields(dag, store, "hero")
+    assert fields == {
+        "forecast_planned": True,
+        "forecast_ladder_run_dirs": tuple(store.run_dir(n, dag.fingerprints[n]) for n in ("r32", "r48")),
+        "forecast_refit_every": dag["fit"].config.overlay_refit_every,
+    }
+    assert dag["fit"].config.overlay_refit_every == 10
+    assert _overlay_fields(dag, store, "r64")["forecast_planned"] is False  # a rung: overlay only if a forecast is stored
+
+
+def test_hook_raises_each_alert_once_from_the_growing_metrics_file(tmp_path):
+    store = Store(str(tmp_path / "root"))
+    target = _target()
+    store_forecast(store, _forecast(target), meta={})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    metrics = run_dir / "metrics.jsonl"
+    overlay = ForecastOverlay(store.url, "hero", target, [], run_dir=str(run_dir), refit_every=0, console_alerts=False)
+
+    def train_lines(steps, spike_at=None):
+        with open(metrics, "a") as handle:
+            for s in steps:
+                loss = 4.0 - s / 1000 + (1.0 if s == spike_at else 0.0)
+                handle.write(json.dumps({"step": s, "train/loss": loss, "grad/norm/total": 1.0 + 0.01 * (s % 3)}) + "\n")
+
+    train_lines(range(1, 101), spike_at=80)
+    out = overlay(100, {"step": 100, "eval/loss": 3.5})  # inside the band (3.35, 3.65)
+    assert out["alerts/new"] == 1 and out["alerts/count"] == 1
+    train_lines(range(101, 201))
+    with open(metrics, "a") as handle:  # the trainer writes the eval line after the hook returns
+        handle.write(json.dumps({"step": 100, "eval/loss": 3.5, **{k: v for k, v in out.items() if k.startswith("forecast/")}}) + "\n")
+    for step in (200, 300, 400):  # eval losses far above the band three times in a row
+        out = overlay(step, {"step": step, "eval/loss": 4.5})
+    assert [(a.kind, a.step) for a in overlay.alerts] == [("loss_spike", 80), ("band", 400)]
+    assert out["alerts/count"] == 2 and out["forecast/sigma"] > 10
+    stream = [json.loads(line) for line in open(run_dir / "alerts.jsonl")]
+    assert [(a["kind"], a["step"]) for a in stream] == [("loss_spike", 80), ("band", 400)]

@@ -90,3 +90,13 @@ def test_watch_follows_a_remote_run_incrementally():
 def test_watch_of_a_missing_experiment_is_bad_input(tmp_path):
     result = CliRunner().invoke(_app(), ["watch", str(tmp_path / "nothing.py"), "hero", "--once"])
     assert result.exit_code == 2
+
+
+def test_watch_an_experiment_target_before_it_starts(tmp_path):
+    result = CliRunner().invoke(_app(), ["watch", "experiments/readme_example.py", "hero", "--root", str(tmp_path), "--once"],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "ladder watch: hero" in result.output and "(no eval yet)" in result.output
+    assert "none stored for this target" in result.output
+    result = CliRunner().invoke(_app(), ["watch", "experiments/readme_example.py", "fit", "--root", str(tmp_path), "--once"])
+    assert result.exit_code == 2 and "only training steps can be watched" in result.output
