@@ -4,7 +4,8 @@ Why no plotting library: the page must open anywhere (an air-gapped cluster logi
 page) without a CDN, and a vendored charting bundle would be larger than everything else. Python turns
 `PlotData` into panel specs (series of x/y arrays, bands, error bars); the inline script only draws
 them. Interaction: drag across a panel to zoom its x range, the mouse wheel zooms around the cursor,
-double-click resets; hovering shows the nearest point's values. The y range follows the visible data,
+double-click resets; hovering shows the nearest point's values; a link ending in
+`#zoom=PANEL:X0:X1` (PANEL one of curves, zoom, residuals, history) opens a panel zoomed. The y range follows the visible data,
 so zooming on the late curve magnifies it. The PlotData tables are embedded as JSON too
 (`<script id="plot-data">`), so the page is also the data.
 """
@@ -196,7 +197,7 @@ function chart(spec,container){
      if(s.kind==="errorbar"&&finite(s.lo[i])&&finite(s.hi[i])){el("line",{x1:X,x2:X,y1:sy(s.lo[i]),y2:sy(s.hi[i]),stroke:s.color,"stroke-width":1.5},g);
       [s.lo[i],s.hi[i]].forEach(function(v){el("line",{x1:X-6,x2:X+6,y1:sy(v),y2:sy(v),stroke:s.color,"stroke-width":1.5},g);});}
      el("circle",{cx:X,cy:Y,r:s.kind==="errorbar"?5:(s.name.indexOf("actual")>=0?4:2.6),fill:s.color},g);});}
-   idx.forEach(function(i){var v=s.y?s.y[i]:null;if(!finite(v)){return;}pts.push({X:sx(s.x[i]),Y:sy(v),s:s,i:i});});
+   idx.forEach(function(i){var v=s.y?s.y[i]:null;if(!finite(v)||s.x[i]<view[0]||s.x[i]>view[1]){return;}pts.push({X:sx(s.x[i]),Y:sy(v),s:s,i:i});});
   });
   if(spec.labels){spec.series.forEach(function(s){s.x.forEach(function(v,i){if(finite(v)&&finite(s.y[i])){var t=el("text",{x:sx(v)+9,y:sy(s.y[i])+4},svg);t.textContent=spec.labels[i]+" "+fmt(s.y[i]);}});});}
   var tt=el("text",{x:M.l,y:16,"class":"ptitle"},svg);tt.textContent=spec.title;
@@ -229,6 +230,8 @@ function chart(spec,container){
  svg.addEventListener("wheel",function(ev){var p=localX(ev);if(p.X<M.l||p.X>M.l+pw){return;}ev.preventDefault();
   var c=fx(toData(p.X)),k=ev.deltaY<0?0.8:1.25,x0=fx(view[0]),x1=fx(view[1]);view=[ifx(c-(c-x0)*k),ifx(c+(x1-c)*k)];draw();},{passive:false});
  svg.addEventListener("dblclick",function(){view=full.slice();draw();});
+ var asked=(location.hash.match(new RegExp("zoom="+spec.id+":([^:&]+):([^:&]+)"))||[]);
+ if(asked.length===3&&parseFloat(asked[2])>parseFloat(asked[1])){view=[parseFloat(asked[1]),parseFloat(asked[2])];}
  draw();
 }
 var root=document.getElementById("panels");

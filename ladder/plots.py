@@ -96,6 +96,9 @@ def _plain(v: Any) -> Any:
 def _curve_table(table: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({c: table[c] if c in table.columns else np.nan for c in CURVE_COLUMNS})
     out["run"] = out["run"].astype(str)
+    if out["flops"].isna().any() and "params_active" in table.columns:
+        # the forecaster's own default when a table logs no FLOPs: C = 6 N D
+        out["flops"] = out["flops"].fillna(6.0 * table["params_active"] * out["tokens"])
     return out.sort_values(["run", "step"], kind="stable").reset_index(drop=True)
 
 
