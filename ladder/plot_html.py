@@ -40,6 +40,7 @@ def _series(name: str, kind: str, color: str, x, y, lo=None, hi=None, dash: str 
 
 def panel_specs(data: PlotData, x: str = "compute") -> list[dict[str, Any]]:
     """The four panels as plain specs for the inline renderer."""
+    target_name = data.target or "(no target)"
     col = X_COLUMNS[x]
     curve_series: list[dict] = []
     runs = sorted(data.rungs["run"].unique())
@@ -52,19 +53,19 @@ def panel_specs(data: PlotData, x: str = "compute") -> list[dict[str, Any]]:
     versions = sorted(int(v) for v in data.bands["version"].unique()) if not data.bands.empty else []
     if len(versions) > 1:
         first = drawn_band(data, versions[0])
-        curve_series.append(_series(f"{data.target} forecast v{versions[0]} (first)", "band", FIRST_BAND_COLOR,
+        curve_series.append(_series(f"{target_name} forecast v{versions[0]} (first)", "band", FIRST_BAND_COLOR,
                                     first[col], first["loss"], first["lo"], first["hi"], dash="5,4"))
     band = drawn_band(data)
     if not band.empty:
-        curve_series.append(_series(f"{data.target} forecast v{versions[-1]} (newest), 95% band", "band", BAND_COLOR,
+        curve_series.append(_series(f"{target_name} forecast v{versions[-1]} (newest), 95% band", "band", BAND_COLOR,
                                     band[col], band["loss"], band["lo"], band["hi"]))
     if not data.actual.empty:
-        curve_series.append(_series(f"{data.target} actual", "points", "#000000", data.actual[col], data.actual["loss"]))
+        curve_series.append(_series(f"{target_name} actual", "points", "#000000", data.actual[col], data.actual["loss"]))
     window = zoom_range(data, x)
     panels = [
         {"id": "curves", "title": "ladder, fits and target forecast", "xlabel": X_LABELS[x], "ylabel": data.loss_label,
          "xlog": True, "series": curve_series, "legend": "bl"},
-        {"id": "zoom", "title": f"{data.target}: late curve (drag/wheel: zoom x; double-click: reset)",
+        {"id": "zoom", "title": f"{target_name}: late curve (drag/wheel: zoom x; double-click: reset)",
          "xlabel": X_LABELS[x], "ylabel": data.loss_label, "xlog": True, "series": curve_series,
          "xrange": list(window) if window else None, "legend": "bl"},
     ]
@@ -87,7 +88,7 @@ def panel_specs(data: PlotData, x: str = "compute") -> list[dict[str, Any]]:
             rows = rows.sort_values("step")
             color = BAND_COLOR if version == newest else RUNG_COLORS[i % len(RUNG_COLORS)]
             res_series.append(_series(f"vs forecast v{version}", "linepoints", color, rows[col], 100 * rows["residual"]))
-    panels.append({"id": "residuals", "title": f"{data.target}: residuals, actual / predicted - 1",
+    panels.append({"id": "residuals", "title": f"{target_name}: residuals, actual / predicted - 1",
                    "xlabel": X_LABELS[x], "ylabel": "residual (%)", "xlog": True, "series": res_series, "zero": True})
     return panels
 

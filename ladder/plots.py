@@ -392,6 +392,7 @@ def render_png(data: PlotData, out: str | Path, x: str = "compute") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    target_name = data.target or "(no target)"
     out = Path(out)
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     (ax_all, ax_zoom), (ax_hist, ax_res) = axes
@@ -405,16 +406,16 @@ def render_png(data: PlotData, out: str | Path, x: str = "compute") -> Path:
             ax.plot(_x(rows, x), rows["loss"], "-", lw=1, alpha=0.7, color=run_colors.get(run, "0.4"), label="fitted law" if i == 0 else None)
         if len(versions) > 1:
             first = drawn_band(data, versions[0])
-            ax.plot(_x(first, x), first["loss"], "--", color=FIRST_BAND_COLOR, lw=1, label=f"{data.target}: forecast v{versions[0]} (first)")
+            ax.plot(_x(first, x), first["loss"], "--", color=FIRST_BAND_COLOR, lw=1, label=f"{target_name}: forecast v{versions[0]} (first)")
             ax.plot(_x(first, x), first["lo"], ":", color=FIRST_BAND_COLOR, lw=0.8)
             ax.plot(_x(first, x), first["hi"], ":", color=FIRST_BAND_COLOR, lw=0.8)
         band = drawn_band(data)
         if not band.empty:
             bx = _x(band, x)
-            ax.fill_between(bx, band["lo"], band["hi"], color=BAND_COLOR, alpha=0.18, label=f"{data.target}: 95% band (newest)")
-            ax.plot(bx, band["loss"], color=BAND_COLOR, lw=1.5, label=f"{data.target}: forecast v{versions[-1]} (newest)")
+            ax.fill_between(bx, band["lo"], band["hi"], color=BAND_COLOR, alpha=0.18, label=f"{target_name}: 95% band (newest)")
+            ax.plot(bx, band["loss"], color=BAND_COLOR, lw=1.5, label=f"{target_name}: forecast v{versions[-1]} (newest)")
         if not data.actual.empty:
-            ax.plot(_x(data.actual, x), data.actual["loss"], "k^", ms=5, label=f"{data.target}: actual")
+            ax.plot(_x(data.actual, x), data.actual["loss"], "k^", ms=5, label=f"{target_name}: actual")
         ax.set_xscale("log")
         ax.set_xlabel(X_LABELS[x])
         ax.set_ylabel(data.loss_label)
@@ -434,7 +435,7 @@ def render_png(data: PlotData, out: str | Path, x: str = "compute") -> Path:
         if vals:
             pad = 0.05 * (max(vals) - min(vals) or 0.1)
             ax_zoom.set_ylim(min(vals) - pad, max(vals) + pad)
-    ax_zoom.set_title(f"{data.target}: late curve (zoom)")
+    ax_zoom.set_title(f"{target_name}: late curve (zoom)")
 
     hist = data.history
     if not hist.empty:
@@ -477,7 +478,7 @@ def render_png(data: PlotData, out: str | Path, x: str = "compute") -> Path:
         ax_res.text(0.5, 0.5, "no actual points with a forecast yet", ha="center", va="center", transform=ax_res.transAxes)
     ax_res.set_xlabel(X_LABELS[x])
     ax_res.set_ylabel("actual / predicted - 1 (%)")
-    ax_res.set_title(f"{data.target}: residuals")
+    ax_res.set_title(f"{target_name}: residuals")
     ax_res.grid(alpha=0.3, which="both")
 
     fig.suptitle(f"{data.title}\nmethod: {data.method or 'no forecast'}", fontsize=11)
