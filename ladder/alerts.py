@@ -94,10 +94,11 @@ def band_alerts(rows: Sequence[dict[str, Any]], forecast=None, *, consecutive: i
             first, last = streak[0][0], streak[-1][0]
             side = "above" if streak[-1][1] > 0 else "below"
             sigma = streak[-1][1]
+            how_far = f"{sigma:+.1f} sigma" if math.isfinite(sigma) else "the band has zero width"
             alerts.append(Alert(
                 kind="band", step=step, severity="critical" if abs(sigma) >= 4 else "warning",
                 message=(f"eval/loss has been {side} the forecast band for {consecutive} evals in a row "
-                         f"(steps {first}-{last}); now {actual:.4f} vs predicted {streak[-1][2]:.4f} ({sigma:+.1f} sigma)."),
+                         f"(steps {first}-{last}); now {actual:.4f} vs predicted {streak[-1][2]:.4f} ({how_far})."),
             ))
     return alerts
 

@@ -106,8 +106,9 @@ class ForecastOverlay:
             if self.forecast is not None:
                 loss, lo, hi = self.forecast.band_at(step)
                 out.update({"forecast/loss": loss, "forecast/lo": lo, "forecast/hi": hi, "forecast/version": self.version})
-                if _finite(actual):
-                    out["forecast/sigma"] = alerts_lib.band_sigma(float(actual), loss, lo, hi, Z95)
+                sigma = alerts_lib.band_sigma(float(actual), loss, lo, hi, Z95) if _finite(actual) else math.nan
+                if math.isfinite(sigma):  # a zero-width band has no sigma; never write Infinity into JSON lines
+                    out["forecast/sigma"] = sigma
             if _finite(actual):
                 self._eval_points[int(step)] = {k: metrics[k] for k in ("step", "tokens", "flops", "eval/loss") if k in metrics}
                 self._eval_points[int(step)]["step"] = int(step)

@@ -197,3 +197,36 @@ def test_hook_raises_each_alert_once_from_the_growing_metrics_file(tmp_path):
     assert out["alerts/count"] == 2 and out["forecast/sigma"] > 10
     stream = [json.loads(line) for line in open(run_dir / "alerts.jsonl")]
     assert [(a["kind"], a["step"]) for a in stream] == [("loss_spike", 80), ("band", 400)]
+
+
+@pytest.mark.slow  # trains three tiny rungs and a hero on an embedded Ray (about a minute on 2 cores)
+def test_ladder_hero_gets_the_overlay_and_refits_through_the_driver(tmp_path):
+    import ray
+
+    from ladder.dag import DAG, FitConfig, TrainStep, build_ladder
+    from ladder.executor import run
+    from tests.ladder_helpers import tiny_spec
+    from trainer.config import ModelConfig, MoEConfig, TrainConfig
+
+    def rung(name, width, steps, eval_every=5):
+        model = ModelConfig(hidden_dim=width, num_layers=2, num_heads=2, seq_len=32, moe=MoEConfig(num_experts=4, top_k=2, expert_dim=width))
+        train = TrainConfig(tokens=32 * 8 * steps, batch_size=8, eval_every=eval_every, checkpoint_every=100, progress=False, wandb="disabled")
+        return TrainStep(name=name, spec=tiny_spec(model=model, train=train))
+
+    steps = build_ladder([rung("r16", 16, 40), rung("r24", 24, 40), rung("r32", 32, 40)], hero=rung("hero", 48, 240, eval_every=4),
+                         fit=FitConfig(n_bootstrap=5, overlay_refit_every=5))
+    dag = DAG(steps)
+    store = Store(str(tmp_path / "root"))
+    try:
+        report = run(dag, store, log=lambda line: None)
+    finally:
+        ray.shutdown()
+    assert report.ok, report.errors
+    run_dir = store.run_dir("hero", dag.fingerprints["hero"])
+    evals = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl") if '"eval/loss"' in line]
+    assert len(evals) >= 60 and all("forecast/loss" in r for r in evals)
+    versions = sorted({r["forecast/version"] for r in evals})
+    assert versions[0] == 1 and store.list_forecasts("hero")[0] == 1
+    # refits every 5 evals: at least one landed during the run and took over the later eval lines
+    assert len(versions) >= 2, (versions, store.list_forecasts("hero"), open(f"{run_dir}/alerts.jsonl").read() if os.path.exists(f"{run_dir}/alerts.jsonl") else "")
+    assert store.read_forecast("hero", versions[-1])["ladder"]["by"] == "overlay"
