@@ -299,10 +299,14 @@ def _experiment_table(exp: Experiment, store: Store, target: str | None):
     else:
         fits = [s for s in exp.dag if s.kind == "fit"]
         names = list(fits[0].deps) if fits else [s.name for s in exp.dag if isinstance(s, TrainStep)]
+    notes: list[str] = []
     try:
-        return table_from_steps(exp.dag, store, names)
+        table = table_from_steps(exp.dag, store, names, allow_partial=True, warnings=notes)
     except FitInputError as error:
         _fail(str(error), EXIT_FAILED)
+    for note in notes:
+        err_console.print(f"[yellow]warning:[/] {note}")
+    return table
 
 
 def _print_intervals(title: str, params: dict) -> None:
@@ -503,6 +507,16 @@ def schema() -> None:
     from ladder.spec import ExperimentSpec
 
     print(json.dumps(ExperimentSpec.model_json_schema(), indent=2))
+
+
+def _register_commands_from_modules() -> None:
+    """Commands whose code lives beside what they drive (importer, plots, live view)."""
+    from ladder.importer import import_command
+
+    app.command("import")(import_command)
+
+
+_register_commands_from_modules()
 
 
 def main() -> None:  # pragma: no cover - console entry point

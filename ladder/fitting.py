@@ -17,20 +17,26 @@ from ladder.dag import DAG, FitStep, TrainStep
 from ladder.store import Store
 
 
+MAX_STORED_SCHEDULE = 20_000
+
+
 class FitInputError(ValueError):
     """Not enough finished runs, or a target that cannot be forecast."""
 
 
 def target_spec(step: TrainStep):
-    """The forecaster's description of a training step that may not have run yet."""
+    """The forecaster's description of a training step that may not have run yet.
+
+    Its FLOPs are on the same axis as the ladder's table: our runs log cumulative FLOPs with the
+    lm_head; a spec declared with Marin's accounting is forecast on Marin's axis (C without the
+    lm_head), which is how its published rungs are imported (ladder/importer.py).
+    """
     from forecasting.forecast import TargetSpec
+    from trainer import lr_at_steps
 
     derived = step.derived
-    lr = None
-    if derived.num_steps <= 200_000:
-        from trainer import lr_at_steps
-
-        lr = [float(x) for x in lr_at_steps(step.spec.job(), np.arange(1, derived.num_steps + 1))]
+    lr = [float(x) for x in lr_at_steps(step.spec.job(), np.arange(1, derived.num_steps + 1))]
+    per_token = derived.flops_per_token_no_lm_head if step.spec.accounting == "marin" else derived.flops_per_token
     return TargetSpec(
         name=step.name,
         params_active=float(derived.params_active),
@@ -38,8 +44,8 @@ def target_spec(step: TrainStep):
         tokens=float(derived.tokens),
         num_steps=derived.num_steps,
         tokens_per_step=float(derived.tokens_per_step),
-        flops_per_token=3.0 * derived.flops_per_token,
-        total_flops=derived.total_flops,
+        flops_per_token=3.0 * per_token,
+        total_flops=3.0 * per_token * derived.tokens,
         lr=lr,
     )
 
@@ -52,7 +58,14 @@ def ladder_runs_for(dag: DAG, target: str) -> list[str]:
     return [s.name for s in dag if isinstance(s, TrainStep) and s.name != target]
 
 
-def table_from_steps(dag: DAG, store: Store, names: list[str], *, require_done: bool = True):
+def table_from_steps(
+    dag: DAG, store: Store, names: list[str], *, require_done: bool = True, allow_partial: bool = False,
+    warnings: list[str] | None = None,
+):
+    """The runs of `names` as one table. With `allow_partial`, failed or interrupted runs that logged
+    metrics are included too (a crashed rung still has a curve up to its crash; final-loss laws only use
+    points at fraction 1, so a partial run informs the per-fraction fits and nothing else); each is named
+    in `warnings`."""
     from forecasting.table import from_run_dirs
 
     dirs = []
@@ -60,9 +73,14 @@ def table_from_steps(dag: DAG, store: Store, names: list[str], *, require_done: 
     for name in names:
         run_dir = store.run_dir(name, dag.fingerprints[name])
         status = store.read_status(run_dir) or {}
-        if require_done and status.get("state") != "done":
-            missing.append(f"{name} ({status.get('state', 'not started')})")
-            continue
+        state = status.get("state", "not started")
+        if require_done and state != "done":
+            partial = allow_partial and state in ("failed", "interrupted") and store.exists(f"{run_dir}/metrics.jsonl")
+            if not partial:
+                missing.append(f"{name} ({state})")
+                continue
+            if warnings is not None:
+                warnings.append(f"{name} is {state}; its partial curve is used")
         dirs.append(store.url_of(run_dir))
     if missing:
         raise FitInputError(
@@ -76,6 +94,11 @@ def table_from_steps(dag: DAG, store: Store, names: list[str], *, require_done: 
 def store_forecast(store: Store, forecast, *, meta: dict[str, Any]) -> int:
     """File `forecast` as the next version for its target; returns the version number."""
     payload = json.loads(forecast.to_json())
+    lr = payload["target"].get("lr")
+    if lr is not None and len(lr) > MAX_STORED_SCHEDULE:
+        # the schedule is recomputable from the spec; 390k floats in every refit would cost megabytes each
+        payload["target"]["lr"] = None
+        meta = {**meta, "target_lr_omitted": len(lr)}
     payload["ladder"] = meta
     version = store.write_forecast(forecast.target.name, payload)
     forecast.version = version

@@ -221,20 +221,11 @@ def import_marin_published(store: Store, dag: DAG, *, grid_path: str | Path | No
 
 
 def marin_forecast_target(step: TrainStep):
-    """The forecaster's target for a Marin step on Marin's x-axis (C without the lm_head), like the imported rows."""
+    """The forecaster's target for a Marin step: `ladder.fitting.target_spec` already puts specs with
+    Marin's accounting on Marin's x-axis (C without the lm_head), like the imported rows."""
     from ladder.fitting import target_spec
 
-    import numpy as np
-
-    from trainer import lr_at_steps
-
-    target = target_spec(step)
-    d = step.derived
-    lr = target.lr  # target_spec leaves out schedules over 200k steps; the hero's 390k floats are cheap enough here
-    if lr is None:
-        lr = lr_at_steps(step.spec.job(), np.arange(1, d.num_steps + 1)).tolist()
-    return target.model_copy(update={"flops_per_token": 3.0 * d.flops_per_token_no_lm_head,
-                                     "total_flops": 3.0 * d.flops_per_token_no_lm_head * d.tokens, "lr": lr})
+    return target_spec(step)
 
 
 def import_command(

@@ -172,3 +172,26 @@ def test_hero_prefix_is_a_live_run_on_the_rungs_x_axis(exp, imported, table):
     later = observed[observed["step"] >= 21000]
     predicted = np.array([refit.band_at(s)[0] for s in later["step"]])
     assert np.abs(predicted / later["loss"].to_numpy() - 1).max() < 0.005  # the published refit quality, from run dirs
+
+
+def test_cli_import_then_forecast_and_refit_the_marin_hero(tmp_path):
+    """`ladder import` + `ladder forecast` as a user runs them: the crashed rung is used as a partial curve,
+    the forecast is on Marin's axis, the refit with the hero's published prefix is a new version."""
+    from typer.testing import CliRunner
+
+    from ladder.cli import app
+
+    runner = CliRunner()
+    root = str(tmp_path / "root")
+    assert runner.invoke(app, ["import", "experiments/marin_535b.py", "marin-published", "--root", root]).exit_code == 0
+    first = runner.invoke(app, ["forecast", "experiments/marin_535b.py", "hero", "--root", root, "--json", "--n-bootstrap", "40"])
+    assert first.exit_code == 0, first.output
+    forecast = json.loads(first.stdout)
+    assert forecast["method"] == "matched_progress" and forecast["final_loss_lo"] < 2.0 < forecast["final_loss_hi"]
+    assert forecast["target"]["total_flops"] == pytest.approx(2.6109e24, rel=1e-3)  # Marin's C without the lm_head
+    refit = runner.invoke(app, ["forecast", "experiments/marin_535b.py", "hero", "--root", root, "--refit", "--json", "--n-bootstrap", "40"])
+    assert refit.exit_code == 0, refit.output
+    assert json.loads(refit.stdout)["method"] == "refit"
+    stored = sorted(p.name for p in (tmp_path / "root" / "forecasts" / "hero").iterdir())
+    assert stored == ["1.json", "2.json"]
+    assert json.loads((tmp_path / "root" / "forecasts" / "hero" / "2.json").read_text())["ladder"]["target_lr_omitted"] == 390_251
