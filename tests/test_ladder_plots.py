@@ -137,42 +137,32 @@ def test_marin_html_is_offline_and_embeds_the_tables(marin, tmp_path):
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
-def test_marin_html_renders_in_headless_chromium(marin, tmp_path):
-    page = tmp_path / "marin.html"
-    page.write_text(build_html(marin))
+def test_marin_html_renders_and_zooms_in_headless_chromium(marin, tmp_path):
+    page = build_html(marin)
+    # the page as published, plus a probe that records the curves panel, then drives its wheel, drag and reset
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", _EVENT_PROBE + "</body>"))
     dom = subprocess.run(
-        [CHROMIUM, *CHROMIUM_FLAGS, "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
+        [CHROMIUM, *CHROMIUM_FLAGS, "--window-size=1200,900", "--virtual-time-budget=3000", "--dump-dom",
+         probe.as_uri() + "#zoom=residuals:1e23:3e24"],
         capture_output=True, text=True, timeout=90,
     ).stdout
     assert 'data-rendered="4"' in dom and 'class="error"' not in dom
     drawn = {panel: int(n) for panel, n in re.findall(r'data-panel="(\w+)"[^>]*data-drawn="(\d+)"', dom)}
     assert set(drawn) == {"curves", "zoom", "history", "residuals"}
-    assert drawn["history"] == 2 and drawn["residuals"] == 26 and drawn["curves"] > 77 + 13
-    # the zoom path (the one drag and wheel take): the late decade of compute keeps only the hero's late points
-    zoomed = subprocess.run(
-        [CHROMIUM, *CHROMIUM_FLAGS, "--virtual-time-budget=3000", "--dump-dom", page.as_uri() + "#zoom=curves:1e23:3e24"],
-        capture_output=True, text=True, timeout=90,
-    ).stdout
-    zoomed_drawn = dict(re.findall(r'data-panel="(\w+)"[^>]*data-drawn="(\d+)"', zoomed))
-    panel = embedded_data(page.read_text())["panels"][0]
-    expected = sum(1 for series in panel["series"] for x, y in zip(series["x"], series["y"])
-                   if x is not None and y is not None and 1e23 <= x <= 3e24)
-    assert expected > int((marin.actual["flops"] >= 1e23).sum()) > 0
-    assert int(zoomed_drawn["curves"]) == expected
-    assert int(zoomed_drawn["curves"]) < drawn["curves"] and int(zoomed_drawn["residuals"]) == drawn["residuals"]
-    # the handlers themselves: synthetic wheel and drag events on the curves panel, then a double-click reset
-    probe = tmp_path / "probe.html"
-    probe.write_text(build_html(marin).replace("</body>", _EVENT_PROBE + "</body>"))
-    probed = subprocess.run(
-        [CHROMIUM, *CHROMIUM_FLAGS, "--window-size=1200,900", "--virtual-time-budget=3000", "--dump-dom", probe.as_uri()],
-        capture_output=True, text=True, timeout=90,
-    ).stdout
-    counts = dict(re.findall(r'data-(wheel|drag|reset)="(\d+)"', probed))
-    assert set(counts) == {"wheel", "drag", "reset"}, probed[-500:]
-    assert 0 < int(counts["wheel"]) < drawn["curves"] and 0 < int(counts["drag"]) < drawn["curves"]
-    assert int(counts["reset"]) == drawn["curves"]
+    counts = {k: int(v) for k, v in re.findall(r'data-(initial|wheel|drag|reset)="(\d+)"', dom)}
+    assert set(counts) == {"initial", "wheel", "drag", "reset"}, dom[-500:]
+    assert drawn["history"] == 2 and counts["initial"] > 77 + 13  # rung and hero points plus the curves
+    assert 0 < counts["wheel"] < counts["initial"] and 0 < counts["drag"] < counts["initial"]
+    assert counts["reset"] == counts["initial"] == drawn["curves"]
+    # a #zoom link opens the residuals panel on the late decade: exactly the points Python says are there
+    residuals = embedded_data(page)["panels"][3]
+    expected = sum(1 for series in residuals["series"] if series["y"] is not None
+                   for x, y in zip(series["x"], series["y"]) if x is not None and y is not None and 1e23 <= x <= 3e24)
+    assert 0 < expected < len(marin.residuals) and drawn["residuals"] == expected
     shot = tmp_path / "marin_html.png"
-    subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--screenshot={shot}", "--window-size=1200,900", page.as_uri()],
+    (tmp_path / "marin.html").write_text(page)
+    subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--screenshot={shot}", "--window-size=1200,900", (tmp_path / "marin.html").as_uri()],
                    capture_output=True, timeout=90)
     assert _png_size(shot) == (1200, 900)
 
@@ -181,6 +171,7 @@ _EVENT_PROBE = """<script>
 (function(){
 var svg=document.querySelector('svg[data-panel="curves"]'),r=svg.getBoundingClientRect(),body=document.body;
 function at(f){return {clientX:r.left+f*r.width,clientY:r.top+0.5*r.height,bubbles:true,cancelable:true};}
+body.setAttribute("data-initial",svg.getAttribute("data-drawn"));
 for(var i=0;i<6;i++){svg.dispatchEvent(new WheelEvent("wheel",Object.assign({deltaY:-100},at(0.8))));}
 body.setAttribute("data-wheel",svg.getAttribute("data-drawn"));
 svg.dispatchEvent(new MouseEvent("dblclick",at(0.5)));
