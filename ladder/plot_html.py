@@ -57,7 +57,8 @@ def panel_specs(data: PlotData, x: str = "compute") -> list[dict[str, Any]]:
                                     first[col], first["loss"], first["lo"], first["hi"], dash="5,4"))
     band = drawn_band(data)
     if not band.empty:
-        curve_series.append(_series(f"{target_name} forecast v{versions[-1]} (newest), 95% band", "band", BAND_COLOR,
+        kind = "errorbar" if len(band) == 1 else "band"  # a final-loss law forecasts one point
+        curve_series.append(_series(f"{target_name} forecast v{versions[-1]} (newest), 95% band", kind, BAND_COLOR,
                                     band[col], band["loss"], band["lo"], band["hi"]))
     if not data.actual.empty:
         curve_series.append(_series(f"{target_name} actual", "points", "#000000", data.actual[col], data.actual["loss"]))

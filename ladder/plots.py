@@ -186,7 +186,10 @@ def _history_table(forecasts: list) -> pd.DataFrame:
 def _residual_table(actual: pd.DataFrame, forecasts: list) -> pd.DataFrame:
     rows = []
     for f in forecasts:
+        final_only = len(f.curve) <= 1  # a final-loss law (chinchilla, compute) predicts only the last step
         for _, point in actual.iterrows():
+            if final_only and point["step"] < f.target.steps():
+                continue
             pred, lo, hi = f.band_at(float(point["step"]))
             rows.append({
                 "version": int(f.version), "step": point["step"], "tokens": point["tokens"], "flops": point["flops"],
@@ -410,7 +413,11 @@ def render_png(data: PlotData, out: str | Path, x: str = "compute") -> Path:
             ax.plot(_x(first, x), first["lo"], ":", color=FIRST_BAND_COLOR, lw=0.8)
             ax.plot(_x(first, x), first["hi"], ":", color=FIRST_BAND_COLOR, lw=0.8)
         band = drawn_band(data)
-        if not band.empty:
+        if len(band) == 1:  # a final-loss forecast: one point with its interval
+            row = band.iloc[0]
+            ax.errorbar(_x(band, x), [row["loss"]], yerr=[[row["loss"] - row["lo"]], [row["hi"] - row["loss"]]], fmt="D",
+                        color=BAND_COLOR, capsize=4, label=f"{target_name}: final loss v{versions[-1]}, 95% interval")
+        elif not band.empty:
             bx = _x(band, x)
             ax.fill_between(bx, band["lo"], band["hi"], color=BAND_COLOR, alpha=0.18, label=f"{target_name}: 95% band (newest)")
             ax.plot(bx, band["loss"], color=BAND_COLOR, lw=1.5, label=f"{target_name}: forecast v{versions[-1]} (newest)")
