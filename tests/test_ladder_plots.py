@@ -334,3 +334,20 @@ def test_command_exits_1_when_nothing_has_run_yet(small_ladder, tmp_path):
         _cli(), ["plot", small_ladder["experiment"], "--root", str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")]
     )
     assert result.exit_code == 1 and "nothing to plot yet for hero" in result.output
+
+
+def test_a_final_loss_forecast_is_one_point_and_scores_no_early_residuals(tmp_path):
+    from forecasting.api import forecast_target
+    from forecasting.forecast import TargetSpec
+    from forecasting.public_data import marin_ladder, shared_data_dir
+    from ladder.plot_html import panel_specs
+    from ladder.plots import assemble
+
+    table, _, observed = marin_ladder(shared_data_dir() / "marin_535b_ladder")
+    target = {k: v for k, v in _marin_target_dict().items() if k not in ("lr", "params_total")}
+    forecast = forecast_target(table, TargetSpec(**target), method="compute", n_bootstrap=5)
+    data = assemble(table, [forecast], observed, target="d6144", title="compute law")
+    assert len(data.band) == 1 and data.residuals.empty  # the hero is at 10%: the law says nothing about it yet
+    newest = [s for s in panel_specs(data)[0]["series"] if "newest" in s["name"]]
+    assert [s["kind"] for s in newest] == ["errorbar"] and newest[0]["x"] == [pytest.approx(target["total_flops"])]
+    assert _png_size(render_png(data, tmp_path / "law.png")) == (1300, 900)
