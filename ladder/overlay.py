@@ -84,7 +84,8 @@ class ForecastOverlay:
         self.refits_failed = 0
         self.last_refit_error: str | None = None
         self.alerts: list[alerts_lib.Alert] = []
-        self._seen: set[tuple[str, int]] = set()
+        # a restarted run re-reads its whole metrics.jsonl: alerts already in its stream are not raised again
+        self._seen: set[tuple[str, int]] = {(a.get("kind"), a.get("step")) for a in alerts_lib.read_alerts(run_dir)} if run_dir else set()
         self._eval_points: dict[int, dict[str, Any]] = {}  # step -> eval row (for the live prefix)
         self._rows_tail: list[dict[str, Any]] = []  # recent metric rows (context of the spike rules)
         self._eval_rows: list[dict[str, Any]] = []  # eval rows with the band they were shown against

@@ -230,3 +230,21 @@ def test_ladder_hero_gets_the_overlay_and_refits_through_the_driver(tmp_path):
     # refits every 5 evals: at least one landed during the run and took over the later eval lines
     assert len(versions) >= 2, (versions, store.list_forecasts("hero"), open(f"{run_dir}/alerts.jsonl").read() if os.path.exists(f"{run_dir}/alerts.jsonl") else "")
     assert store.read_forecast("hero", versions[-1])["ladder"]["by"] == "overlay"
+
+
+def test_a_restarted_run_does_not_repeat_its_alerts(tmp_path):
+    store = Store(str(tmp_path / "root"))
+    target = _target()
+    store_forecast(store, _forecast(target), meta={})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with open(run_dir / "metrics.jsonl", "w") as handle:
+        for s in range(1, 101):
+            handle.write(json.dumps({"step": s, "train/loss": 4.0 - s / 1000 + (1.0 if s == 80 else 0.0)}) + "\n")
+    first = ForecastOverlay(store.url, "hero", target, [], run_dir=str(run_dir), refit_every=0, console_alerts=False)
+    assert first(100, {"step": 100, "eval/loss": 3.5})["alerts/new"] == 1
+    with open(run_dir / "metrics.jsonl", "a") as handle:
+        handle.write(json.dumps({"event": "resume", "step": 90}) + "\n")
+    again = ForecastOverlay(store.url, "hero", target, [], run_dir=str(run_dir), refit_every=0, console_alerts=False)
+    assert again(100, {"step": 100, "eval/loss": 3.5})["alerts/new"] == 0
+    assert len(open(run_dir / "alerts.jsonl").readlines()) == 1
