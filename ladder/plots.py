@@ -368,6 +368,8 @@ def plot_data(source: str, target: str | None = None, *, root: str | None = None
     is_table = PurePosixPath(source).suffix.lower() in TABLE_SUFFIXES or (Path(source).is_dir() and not source.endswith(".py"))
     if is_table:
         return table_plot_data(source, target, forecast)
+    if forecast is not None:
+        raise PlotInputError("--forecast goes with a table source; an experiment's forecasts are read from its store (--root).")
     return experiment_plot_data(source, target, root)
 
 
