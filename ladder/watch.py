@@ -48,9 +48,14 @@ class WatchState:
     forecast_version: int | None = None
     forecast_meta: dict[str, Any] = field(default_factory=dict)
     alerts: list[dict[str, Any]] = field(default_factory=list)
+    spike_window: int = 20
 
     def __post_init__(self) -> None:
         self._store = Store(self.run_dir)
+        self._tail: list[dict[str, Any]] = []  # recent metric rows: context of the spike rules
+        self._eval_rows: list[dict[str, Any]] = []  # (step, eval/loss, logged band) of every eval
+        self._found: dict[tuple[str, int], dict[str, Any]] = {}  # alerts this view derived itself
+        self._last_alert_step = -1
 
     def poll(self) -> None:
         store = self._store
@@ -61,7 +66,30 @@ class WatchState:
         for row in rows:
             self._take(row)
         self._refresh_forecast()
-        self.alerts = read_alerts(self.run_dir)[-5:]
+        self._derive_alerts(rows)
+        stream = {(a.get("kind"), a.get("step")): a for a in read_alerts(self.run_dir)}
+        merged = {**self._found, **stream}  # the run's own stream (written by the overlay) wins
+        self.alerts = sorted(merged.values(), key=lambda a: (a.get("step", 0), a.get("kind", "")))[-5:]
+
+    def _derive_alerts(self, rows: list[dict[str, Any]]) -> None:
+        """The alert rules over the new lines, so runs without an overlay (rungs, imported runs) get alerts too."""
+        from ladder.alerts import band_alerts, run_alerts
+
+        if any(r.get("event") == "resume" for r in rows):
+            back_to = min(int(r.get("step", 0)) for r in rows if r.get("event") == "resume")
+            self._eval_rows = [r for r in self._eval_rows if r["step"] <= back_to]
+            self._last_alert_step = min(self._last_alert_step, back_to)
+        fresh = [r for r in rows if "event" not in r and "step" in r]
+        self._eval_rows += [{k: r[k] for k in ("step", "eval/loss", "forecast/loss", "forecast/lo", "forecast/hi") if k in r}
+                            for r in fresh if _finite(r.get("eval/loss"))]
+        self._tail = (self._tail + fresh)
+        found = [a for a in run_alerts(self._tail, None, band_consecutive=10**9, spike_window=self.spike_window) if a.step > self._last_alert_step]
+        found += band_alerts(self._eval_rows, self.forecast)
+        for alert in found:
+            self._found.setdefault(alert.key, alert.to_dict())
+        if self._tail:
+            self._last_alert_step = max(self._last_alert_step, max(int(r["step"]) for r in self._tail))
+        self._tail = self._tail[-(self.spike_window + 2):]
 
     def _take(self, row: dict[str, Any]) -> None:
         if row.get("event") == "resume":

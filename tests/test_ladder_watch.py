@@ -100,3 +100,16 @@ def test_watch_an_experiment_target_before_it_starts(tmp_path):
     assert "none stored for this target" in result.output
     result = CliRunner().invoke(_app(), ["watch", "experiments/readme_example.py", "fit", "--root", str(tmp_path), "--once"])
     assert result.exit_code == 2 and "only training steps can be watched" in result.output
+
+
+def test_watch_derives_alerts_for_a_run_without_an_overlay(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with open(run_dir / "metrics.jsonl", "w") as handle:
+        for step in range(1, 61):
+            handle.write(json.dumps({"step": step, "train/loss": 4.0 - step / 1000 + (1.0 if step == 50 else 0.0)}) + "\n")
+    state = WatchState(run_dir=str(run_dir), target="r32", forecast_store=None)
+    state.poll()
+    assert [(a["kind"], a["step"]) for a in state.alerts] == [("loss_spike", 50)]
+    state.poll()  # nothing new: the same alert, once
+    assert len(state.alerts) == 1
