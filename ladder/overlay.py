@@ -110,11 +110,14 @@ class ForecastOverlay:
                 sigma = alerts_lib.band_sigma(float(actual), loss, lo, hi, Z95) if _finite(actual) else math.nan
                 if math.isfinite(sigma):  # a zero-width band has no sigma; never write Infinity into JSON lines
                     out["forecast/sigma"] = sigma
+            new_rows = self._read_new_rows(step, {**metrics, **out, "step": step})
             if _finite(actual):
                 self._eval_points[int(step)] = {k: metrics[k] for k in ("step", "tokens", "flops", "eval/loss") if k in metrics}
                 self._eval_points[int(step)]["step"] = int(step)
             if self.alerts_enabled:
-                out.update(self._run_alerts(step, {**metrics, **out, "step": step}))
+                out.update(self._run_alerts(new_rows))
+            context = self.alert_options.get("spike_window", 20) + 2
+            self._rows_tail = [r for r in self._rows_tail if "event" not in r][-context:]
             if self.refit_every and self.evals % self.refit_every == 0:
                 self.start_refit(step)
         except Exception:  # noqa: BLE001 - the overlay must never hurt the run
@@ -196,8 +199,8 @@ class ForecastOverlay:
 
     # ------------------------------------------------------------------ alerts
 
-    def _run_alerts(self, step: int, eval_row: dict[str, Any]) -> dict[str, Any]:
-        """Run the alert rules over the metric lines written since the last eval, plus this eval."""
+    def _read_new_rows(self, step: int, eval_row: dict[str, Any]) -> list[dict[str, Any]]:
+        """Metric lines written since the last eval (resume markers applied); earlier evals join the live prefix."""
         rows: list[dict[str, Any]] = []
         if self.run_dir:
             store = Store(self.run_dir)
@@ -211,6 +214,7 @@ class ForecastOverlay:
             self._eval_rows = [r for r in self._eval_rows if r["step"] <= back_to]
             self._eval_points = {s: r for s, r in self._eval_points.items() if s <= back_to}
             self._last_alert_step = min(self._last_alert_step, back_to)
+            rows = apply_resume_markers(rows)
         else:
             self._rows_tail = self._rows_tail + rows
         new_rows = [r for r in rows if "event" not in r and "step" in r]
@@ -220,17 +224,19 @@ class ForecastOverlay:
                 self._eval_points.setdefault(int(r["step"]), {k: r[k] for k in ("step", "tokens", "flops", "eval/loss") if k in r})
                 self._eval_rows.append(r)
                 known.add(r["step"])
-        if int(step) not in known:
+        if int(step) not in known and _finite(eval_row.get("eval/loss")):
             self._eval_rows.append(eval_row)
         self._eval_rows.sort(key=lambda r: r["step"])
+        return new_rows
+
+    def _run_alerts(self, new_rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Run the alert rules over the metric lines written since the last eval, plus this eval."""
         options = dict(self.alert_options)
         consecutive = options.pop("band_consecutive", 3)
         found = [a for a in alerts_lib.run_alerts(self._rows_tail, None, band_consecutive=10**9, **options) if a.step > self._last_alert_step]
         found += alerts_lib.band_alerts(self._eval_rows, self.forecast, consecutive=consecutive)
         new = [a for a in found if a.key not in self._seen]
-        self._last_alert_step = max([self._last_alert_step, *(int(r["step"]) for r in self._rows_tail)])
-        context = options.get("spike_window", 20) + 2
-        self._rows_tail = [r for r in self._rows_tail if "event" not in r][-context:]
+        self._last_alert_step = max([self._last_alert_step, *(int(r["step"]) for r in self._rows_tail if "step" in r)])
         self._emit(new)
         return {"alerts/count": len(self.alerts), "alerts/new": len(new)}
 

@@ -248,3 +248,21 @@ def test_a_restarted_run_does_not_repeat_its_alerts(tmp_path):
     again = ForecastOverlay(store.url, "hero", target, [], run_dir=str(run_dir), refit_every=0, console_alerts=False)
     assert again(100, {"step": 100, "eval/loss": 3.5})["alerts/new"] == 0
     assert len(open(run_dir / "alerts.jsonl").readlines()) == 1
+
+
+def test_a_resumed_run_refits_with_the_evals_of_its_earlier_attempt(tmp_path):
+    store = Store(str(tmp_path / "root"))
+    target = _target()
+    store_forecast(store, _forecast(target), meta={})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with open(run_dir / "metrics.jsonl", "w") as handle:  # the first attempt: evals at 25..175, killed after 175
+        for step in range(25, 176, 25):
+            handle.write(json.dumps({"step": step, "eval/loss": float(_ladder_curve(3e6, step))}) + "\n")
+        handle.write(json.dumps({"event": "resume", "step": 125}) + "\n")  # restarted from its step-125 checkpoint
+    overlay = ForecastOverlay(store.url, "hero", target, [], run_dir=str(run_dir), refit_every=0, alerts=False, console_alerts=False)
+    overlay(150, {"step": 150, "eval/loss": 2.9})
+    # the earlier attempt's evals up to the checkpoint, then this attempt's; its superseded 150 and 175 are gone
+    assert sorted(overlay._eval_points) == [25, 50, 75, 100, 125, 150]
+    assert overlay._eval_points[150]["eval/loss"] == 2.9
+    assert live_table(list(overlay._eval_points.values()), target)["step"].tolist() == [25, 50, 75, 100, 125, 150]
