@@ -4,15 +4,16 @@ A forecast is only useful where people look while the run trains: metrics.jsonl 
 chart. `ForecastOverlay` is a trainer hook (`hook(step, metrics) -> dict`): after each eval it reads
 the newest stored forecast version of its target and returns forecast/loss, forecast/lo, forecast/hi,
 forecast/sigma (how many standard deviations eval/loss is from the prediction, the 95% band read as
-+-1.96 sigma) and forecast/version, which the trainer writes on the same line (and so to W&B, on the
-same axes as eval/loss).
++-1.96 sigma) and forecast/version, which the trainer writes on the same line and logs to W&B at the
+same step as eval/loss (so a W&B panel plotting eval/loss, forecast/lo and forecast/hi shows the band).
 
 Every `refit_every` evals it refits the forecast with the run's own live prefix (forecasting's
 `refit_forecast`: the ladder table plus the stored ladder forecast as the prior) and stores a new
 version, which takes over at the next eval. A refit on a big ladder takes seconds and can fail; the
-run must not notice either. So refits run in one background thread (never two at once; the result is
-picked up at a later eval), and every failure is logged, written to the alerts stream, and leaves the
-previous forecast in place. The overlay also runs the alert rules (ladder.alerts) over the new metric
+run must not notice either. So refits run off the training thread (one background thread, never two
+refits at once, each in a spawned child process by default so scipy never holds the trainer's GIL; the
+result is picked up at a later eval), and every failure is logged, written to the alerts stream, and
+leaves the previous forecast in place. The overlay also runs the alert rules (ladder.alerts) over the new metric
 lines after each eval.
 """
 
