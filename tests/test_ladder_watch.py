@@ -113,3 +113,11 @@ def test_watch_derives_alerts_for_a_run_without_an_overlay(tmp_path):
     assert [(a["kind"], a["step"]) for a in state.alerts] == [("loss_spike", 50)]
     state.poll()  # nothing new: the same alert, once
     assert len(state.alerts) == 1
+
+
+def test_live_watch_stops_when_the_run_is_done(tmp_path):
+    store, run_dir = _make_run(str(tmp_path / "root"))
+    store.write_json(f"{run_dir}/status.json", {"state": "done"})
+    result = CliRunner().invoke(_app(), ["watch", run_dir, "--interval", "0.1"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "200 / 400 (50.0%)" in result.output and "done" in result.output
