@@ -68,6 +68,14 @@ def band_sigma(actual: float, loss: float, lo: float, hi: float, z: float = 1.96
     return (actual - loss) / sigma if sigma > 0 else (0.0 if actual == loss else math.copysign(math.inf, actual - loss))
 
 
+def band_at_step(forecast, step: float) -> tuple[float, float, float] | None:
+    """(loss, lo, hi) the forecast predicts at `step`, or None where it predicts nothing: a final-loss law
+    (chinchilla, compute) has no curve, so it speaks only about the run's last step."""
+    if len(forecast.curve) <= 1 and step < forecast.target.steps():
+        return None
+    return forecast.band_at(step)
+
+
 def band_alerts(rows: Sequence[dict[str, Any]], forecast=None, *, consecutive: int = 3) -> list[Alert]:
     """One alert each time eval/loss has been outside the band for `consecutive` evals in a row.
 
@@ -82,8 +90,8 @@ def band_alerts(rows: Sequence[dict[str, Any]], forecast=None, *, consecutive: i
         step, actual = int(row["step"]), float(row["eval/loss"])
         if all(_finite(row.get(k)) for k in ("forecast/loss", "forecast/lo", "forecast/hi")):
             loss, lo, hi = row["forecast/loss"], row["forecast/lo"], row["forecast/hi"]
-        elif forecast is not None:
-            loss, lo, hi = forecast.band_at(step)
+        elif forecast is not None and band_at_step(forecast, step) is not None:
+            loss, lo, hi = band_at_step(forecast, step)
         else:
             continue
         if lo <= actual <= hi:

@@ -105,8 +105,9 @@ class ForecastOverlay:
             self._collect_refit()
             self._refresh_forecast()
             actual = metrics.get("eval/loss")
-            if self.forecast is not None:
-                loss, lo, hi = self.forecast.band_at(step)
+            band = alerts_lib.band_at_step(self.forecast, step) if self.forecast is not None else None
+            if band is not None:
+                loss, lo, hi = band
                 out.update({"forecast/loss": loss, "forecast/lo": lo, "forecast/hi": hi, "forecast/version": self.version})
                 sigma = alerts_lib.band_sigma(float(actual), loss, lo, hi, Z95) if _finite(actual) else math.nan
                 if math.isfinite(sigma):  # a zero-width band has no sigma; never write Infinity into JSON lines

@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 import typer
 
+from ladder.alerts import band_at_step
+
 MARIN_SOURCE = "marin-535b-public"
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".tsv")
 X_COLUMNS = {"compute": "flops", "tokens": "tokens"}
@@ -186,11 +188,11 @@ def _history_table(forecasts: list) -> pd.DataFrame:
 def _residual_table(actual: pd.DataFrame, forecasts: list) -> pd.DataFrame:
     rows = []
     for f in forecasts:
-        final_only = len(f.curve) <= 1  # a final-loss law (chinchilla, compute) predicts only the last step
         for _, point in actual.iterrows():
-            if final_only and point["step"] < f.target.steps():
+            band = band_at_step(f, float(point["step"]))
+            if band is None:
                 continue
-            pred, lo, hi = f.band_at(float(point["step"]))
+            pred, lo, hi = band
             rows.append({
                 "version": int(f.version), "step": point["step"], "tokens": point["tokens"], "flops": point["flops"],
                 "loss": point["loss"], "predicted": pred, "lo": lo, "hi": hi, "residual": point["loss"] / pred - 1,

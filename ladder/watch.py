@@ -142,7 +142,9 @@ class WatchState:
         if self.eval_step is None:
             return None
         if self.forecast is not None:
-            return self.forecast.band_at(self.eval_step)
+            from ladder.alerts import band_at_step
+
+            return band_at_step(self.forecast, self.eval_step) or self.logged_band
         return self.logged_band
 
     def sigma(self) -> float | None:

@@ -118,3 +118,17 @@ def test_alerts_stream_appends_and_reads_back(tmp_path):
     rows = read_alerts(str(tmp_path))
     assert [(r["kind"], r["step"], r["message"]) for r in rows] == [("loss_spike", 10, "one"), ("band", 20, "two")]
     assert read_alerts(str(tmp_path / "nowhere")) == []
+
+
+def test_a_final_loss_forecast_only_speaks_about_the_last_step():
+    """A chinchilla/compute forecast has no curve: early evals are not 'outside its band'."""
+    from forecasting.forecast import Forecast, TargetSpec
+
+    from ladder.alerts import band_alerts, band_at_step
+
+    forecast = Forecast(target=TargetSpec(name="hero", params_active=1e6, tokens=1e8, num_steps=100), method="compute",
+                        inputs_fingerprint="x", final_loss=2.0, final_loss_lo=1.9, final_loss_hi=2.1, law="L(C)")
+    assert band_at_step(forecast, 50) is None
+    assert band_at_step(forecast, 100) == (2.0, 1.9, 2.1)
+    rows = [{"step": s, "eval/loss": 3.0} for s in (10, 20, 30, 40)] + [{"step": 100, "eval/loss": 2.05}]
+    assert band_alerts(rows, forecast) == []

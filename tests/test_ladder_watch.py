@@ -79,8 +79,9 @@ def test_watch_follows_a_remote_run_incrementally():
     assert state.eta_seconds() == pytest.approx(100 * 1000 / 2000)
     # a refit lands: the view switches to the new version
     target = TargetSpec(name="hero", params_active=3e6, tokens=4e5, num_steps=400)
+    curve = [CurvePoint(step=s, loss=3.1, lo=3.0, hi=3.2) for s in (100, 400)]
     store_forecast(store, Forecast(target=target, method="refit", inputs_fingerprint="t", final_loss=3.1, final_loss_lo=3.0,
-                                   final_loss_hi=3.2, law="refit"), meta={"live_step": 300})
+                                   final_loss_hi=3.2, law="refit", curve=curve), meta={"live_step": 300})
     state.poll()
     assert state.forecast_version == 2 and state.forecast_meta["live_step"] == 300
     assert state.band() == (3.1, 3.0, 3.2)
