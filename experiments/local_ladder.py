@@ -112,10 +112,22 @@ def local_spec(width: int, layers: int, *, tokens_per_param: float = TOKENS_PER_
     )
 
 
-def local_ladder(**overrides) -> list:
-    rungs = [TrainStep(name=name, spec=local_spec(*shape, **overrides)) for name, shape in RUNGS.items()]
-    hero = TrainStep(name=HERO[0], spec=local_spec(*HERO[1], **overrides))
-    return build_ladder(rungs, hero)
+def local_ladder(
+    rungs: dict[str, tuple[int, int]] | None = None,
+    hero: tuple[str, tuple[int, int]] | None = None,
+    *,
+    tokens_per_param: float = TOKENS_PER_ACTIVE_PARAM,
+    seq_len: int = SEQ_LEN,
+    batch_size: int = BATCH_SIZE,
+) -> list:
+    """Rungs -> fit -> hero with this file's recipe. `rungs` maps step name to (width, layers); `hero` is
+    (name, (width, layers)); the defaults are the table above. Smaller variants (experiments/local_ladder_quick.py)
+    keep the recipe and change only shapes, tokens per parameter, sequence length or batch."""
+    shape_kwargs = dict(tokens_per_param=tokens_per_param, seq_len=seq_len, batch_size=batch_size)
+    rungs = RUNGS if rungs is None else rungs
+    hero_name, hero_shape = HERO if hero is None else hero
+    rung_steps = [TrainStep(name=name, spec=local_spec(*shape, **shape_kwargs)) for name, shape in rungs.items()]
+    return build_ladder(rung_steps, TrainStep(name=hero_name, spec=local_spec(*hero_shape, **shape_kwargs)))
 
 
 steps = local_ladder()

@@ -1,0 +1,32 @@
+"""The local ladder's quick variant: the same recipe, smaller shapes, for tests and `ladder demo --quick`.
+
+Built by `experiments.local_ladder.local_ladder` (MoE top-2 of 8 with a shared expert, router-bias
+balancing, z-loss, linear schedule with 1% warmup to 5% of peak, the two-phase stdlib mixture, 8 tokens
+per active parameter, sequence 128, batch 8); only the widths and depths shrink. Its steps have their own
+names (q16..q48, hero-quick), so its run directories and its target's forecast versions never mix with the
+full ladder's when both share a store root.
+
+| step       | width | layers | active params | tokens  | FLOPs   |
+|------------|------:|-------:|--------------:|--------:|--------:|
+| q16        |    16 |      2 |         4,688 |  37,888 | 3.8e9   |
+| q24        |    24 |      2 |        10,296 |  81,920 | 1.4e10  |
+| q32        |    32 |      2 |        18,080 | 144,384 | 3.7e10  |
+| q48        |    48 |      2 |        40,176 | 321,536 | 1.5e11  |
+| hero-quick |    64 |      3 |       106,432 | 851,968 | 8.8e11  |
+
+The rungs span 38x in compute and the hero is 5.9x the largest rung.
+
+Measured on this 2-core machine (shared with other jobs), from an empty store: `ladder submit
+experiments/local_ladder_quick.py` took 1m22s end to end including Ray's start (rungs and fit ~45 s,
+hero ~35 s); the fit forecast the hero at 1.6916 [1.2750, 2.1081] and it reached 1.6856 (-0.35%).
+`ladder demo --quick` on the finished store: 2.2 s.
+"""
+
+from __future__ import annotations
+
+from experiments.local_ladder import local_ladder
+
+QUICK_RUNGS = {"q16": (16, 2), "q24": (24, 2), "q32": (32, 2), "q48": (48, 2)}
+QUICK_HERO = ("hero-quick", (64, 3))
+
+steps = local_ladder(QUICK_RUNGS, QUICK_HERO)
