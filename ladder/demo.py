@@ -13,6 +13,8 @@ in seconds.
 
 from __future__ import annotations
 
+import inspect
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -56,6 +58,7 @@ class DemoResult:
     hero_started_at: float | None = None
     actual_final_loss: float | None = None
     refits: list[ForecastSummary] = field(default_factory=list)
+    alerts: list[dict[str, Any]] = field(default_factory=list)  # the hero's alerts.jsonl
     report_path: str | None = None
     report_note: str | None = None
     png_path: str | None = None
@@ -142,6 +145,7 @@ def collect_verdict(result: DemoResult, dag, store: Store, fit: FitStep) -> None
     evals = [row["eval/loss"] for row in apply_resume_markers(rows) if _finite(row.get("eval/loss"))]
     if status.get("state") == "done" and evals:
         result.actual_final_loss = float(evals[-1])
+    result.alerts = _read_jsonl(store, f"{hero_dir}/alerts.jsonl")
 
 
 def write_outputs(result: DemoResult, experiment_ref: str, store: Store, out: Callable[[str], None]) -> None:
@@ -156,7 +160,10 @@ def write_outputs(result: DemoResult, experiment_ref: str, store: Store, out: Ca
         report_module = None
     if report_module is not None and hasattr(report_module, "write_report"):
         try:
-            written = report_module.write_report(experiment_ref, str(out_dir), root=store.url)
+            options: dict[str, Any] = {"root": store.url}
+            if "target" in inspect.signature(report_module.write_report).parameters:
+                options["target"] = result.target
+            written = report_module.write_report(experiment_ref, str(out_dir), **options)
             result.report_path = str(written if written and str(written).endswith(".html") else out_dir / "index.html")
         except Exception as error:  # noqa: BLE001 - the verdict stands without the report; say why it is missing
             result.report_note = f"the report could not be written: {type(error).__name__}: {error}"
@@ -196,10 +203,33 @@ def verdict_lines(result: DemoResult) -> list[str]:
         lines.append(f"live overlay: {len(result.refits)} refit(s); the last (v{last.version}) estimated {last.band}")
     else:
         lines.append("live overlay: no refits")
+    if result.alerts:
+        kinds = sorted({str(a.get("kind")) for a in result.alerts})
+        lines.append(f"alerts on {result.target}: {len(result.alerts)} ({', '.join(kinds)}); see alerts.jsonl in its run directory")
+    else:
+        lines.append(f"alerts on {result.target}: none")
     lines.append(f"report: {result.report_path}" if result.report_path else f"report: {result.report_note}")
     if result.png_path:
         lines.append(f"figure: {result.png_path}")
     return lines
+
+
+def _read_jsonl(store: Store, path: str) -> list[dict[str, Any]]:
+    """Complete JSON lines of a file that may be missing or still being appended to."""
+    try:
+        with store.fs.open(path, "r") as handle:
+            lines = handle.read().split("\n")[:-1]  # the part after the last newline may be torn
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _summary(version: int, payload: dict[str, Any]) -> ForecastSummary:

@@ -36,14 +36,18 @@ def test_quick_demo_runs_the_whole_chain_and_a_second_run_reuses_it(tmp_path):
     first = subprocess.run([sys.executable, "-m", "ladder.demo", "--quick", "--root", str(root)], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert_whole_chain(root, first.stdout)
 
+
+def assert_whole_chain(root: Path, out: str) -> None:
+    """What the quick demo left in `root` and printed (`out`), checked with numbers; then a second run reuses it."""
     exp = load_experiment(QUICK_EXPERIMENT)
     store = Store(str(root))
     run_dir = {s.name: Path(store.run_dir(s.name, exp.dag.fingerprints[s.name])) for s in exp.dag}
     rungs = [s for s in exp.dag if isinstance(s, TrainStep) and s.name != "hero-quick"]
     assert len(rungs) == 4
     # specs -> Ray -> trainer -> metrics: every rung finished, and more compute gave a lower final eval loss
-    by_compute = sorted(rungs, key=lambda s: s.derived().flops_per_token * s.derived().tokens)
+    by_compute = sorted(rungs, key=lambda s: s.derived.flops_per_token * s.derived.tokens)
     finals = [_evals(run_dir[s.name])[-1]["eval/loss"] for s in by_compute]
     assert all(json.loads((run_dir[s.name] / "status.json").read_text())["state"] == "done" for s in rungs)
     assert all(a > b for a, b in zip(finals, finals[1:])), finals
@@ -65,7 +69,6 @@ def test_quick_demo_runs_the_whole_chain_and_a_second_run_reuses_it(tmp_path):
     assert math.isfinite(actual) and 0.5 < actual < 4.0
 
     # the printed verdict is the store's numbers
-    out = first.stdout
     assert f"forecast v1 of hero-quick" in out and f"{v1['final_loss']:.4f}" in out
     assert f"actual final eval loss of hero-quick: {actual:.4f}" in out
     assert f"error: {100 * (actual / v1['final_loss'] - 1):+.2f}%" in out
@@ -162,3 +165,14 @@ def test_command_registers_with_quick_and_root_options():
     app.command("noop")(lambda: None)
     help_text = CliRunner().invoke(app, ["demo", "--help"]).output
     assert "--quick" in help_text and "--root" in help_text
+
+
+def test_verdict_counts_the_heros_alerts(tmp_path):
+    exp, store, fit = _prepared_store(tmp_path)
+    hero_dir = Path(store.run_dir("hero-quick", exp.dag.fingerprints["hero-quick"]))
+    alerts = [{"kind": "grad_spike", "step": 5}, {"kind": "outside_band", "step": 9}, {"kind": "grad_spike", "step": 12}]
+    (hero_dir / "alerts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in alerts) + '{"kind": "torn')
+    result = DemoResult(experiment=exp.name, root=store.url, target="hero-quick", states={n: "done" for n in exp.dag.order})
+    collect_verdict(result, exp.dag, store, fit)
+    assert [a["step"] for a in result.alerts] == [5, 9, 12]
+    assert "alerts on hero-quick: 3 (grad_spike, outside_band)" in "\n".join(verdict_lines(result))
