@@ -241,3 +241,14 @@ payload.panels.forEach(function(spec){try{chart(spec,root);}catch(err){var p=doc
 document.body.setAttribute("data-rendered",String(payload.panels.length));
 })();
 """
+
+
+def chart_fragment(data: PlotData, x: str = "compute") -> tuple[str, str]:
+    """(css, body) of build_html's page, for embedding its charts in a larger page (`ladder report`).
+
+    The body is the panel grid, the embedded data and the script, exactly as build_html writes them; its
+    script reads fixed element ids, so a page holds one such fragment."""
+    page = build_html(data, x)
+    css = page[page.index("<style>") + len("<style>"): page.index("</style>")]
+    body = page[page.index('<div class="grid" id="panels">'): page.rindex("</body>")]
+    return css, body
