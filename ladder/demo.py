@@ -18,7 +18,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -195,9 +195,11 @@ def verdict_lines(result: DemoResult) -> list[str]:
         lines.append(f"forecast of {result.target}: none stored")
     else:
         lead = result.forecast_lead_s
-        when = (f"{lead:.1f} s before {result.target} started" if lead is not None and lead >= 0
-                else f"{-lead:.1f} s AFTER {result.target} started" if lead is not None else "hero start unknown")
-        lines.append(f"forecast v{f.version} of {result.target} (made {when}): final eval loss {f.band}")
+        made = f"made {_clock(f.created_at)} UTC"
+        when = (f"{made}, {lead:.1f} s before {result.target} started at {_clock(result.hero_started_at)}" if lead is not None and lead >= 0
+                else f"{made}, {-lead:.1f} s AFTER {result.target} started at {_clock(result.hero_started_at)}" if lead is not None
+                else f"{made}; {result.target}'s start time unknown")
+        lines.append(f"forecast v{f.version} of {result.target} ({when}): final eval loss {f.band}")
     if _finite(result.actual_final_loss):
         lines.append(f"actual final eval loss of {result.target}: {result.actual_final_loss:.4f}")
     if result.error is not None:
@@ -217,6 +219,12 @@ def verdict_lines(result: DemoResult) -> list[str]:
     if result.png_path:
         lines.append(f"figure: {result.png_path}")
     return lines
+
+
+def _clock(epoch: float | None) -> str:
+    if not _finite(epoch):
+        return "?"
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-4]
 
 
 def _read_jsonl(store: Store, path: str) -> list[dict[str, Any]]:

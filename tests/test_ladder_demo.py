@@ -136,7 +136,7 @@ def test_verdict_uses_the_fit_steps_forecast_and_counts_overlay_refits(tmp_path)
     assert result.error == pytest.approx(1.5 / 1.6 - 1) and result.inside_band is True
     assert [r.version for r in result.refits] == [3, 4]
     text = "\n".join(verdict_lines(result))
-    assert "forecast v2 of hero-quick (made 90.0 s before hero-quick started): final eval loss 1.6000 [1.4000, 1.8000]" in text
+    assert "forecast v2 of hero-quick (made 00:01:00.00 UTC, 90.0 s before hero-quick started at 00:02:30.00): final eval loss 1.6000 [1.4000, 1.8000]" in text
     assert "error: -6.25% of the forecast; inside the 95% band" in text
     assert "2 refit(s); the last (v4) estimated 1.5200 [1.4800, 1.5600]" in text
 
@@ -146,7 +146,7 @@ def test_verdict_says_outside_the_band_and_a_forecast_made_after_the_start():
     result = DemoResult(experiment="e", root="/r", target="hero", states={"a": "done"}, forecast=forecast,
                         hero_started_at=940.0, actual_final_loss=2.3)
     text = "\n".join(verdict_lines(result))
-    assert "made 60.0 s AFTER hero started" in text
+    assert "60.0 s AFTER hero started" in text
     assert "error: +15.00% of the forecast; OUTSIDE the 95% band" in text
     assert result.exit_code == 0
 
