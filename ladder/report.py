@@ -325,7 +325,8 @@ def curves_section(ctx: ReportContext) -> tuple[Section, str]:
     css, body = chart_fragment(ctx.plot)
     data = ctx.plot
     section.notes.extend(w for w in data.warnings if not w.startswith("no "))
-    section.missing.extend(w for w in data.warnings if w.startswith("no "))
+    # "no stored forecast" is said once, in the forecast section
+    section.missing.extend(w for w in data.warnings if w.startswith("no ") and not w.startswith("no stored forecast"))
     section.body = (
         f"<p>{_e(ctx.target)} and the runs its forecast reads; forecast: {_e(data.method or 'none stored')}. "
         f"y: {_e(data.loss_label)}; x: training compute (FLOPs). "

@@ -289,15 +289,18 @@ def _write_run(store, dag, name: str, fractions, *, state: str, spike_at: int | 
     return run_dir
 
 
-def test_local_ladder_mid_run_report(tmp_path):
-    """Rungs done, the hero running with a loss spike: every section filled, the spike found in its metrics."""
+@pytest.mark.parametrize("where", ["folder", "memory"])
+def test_local_ladder_mid_run_report(tmp_path, where):
+    """Rungs done, the hero running with a loss spike: every section filled, the spike found in its metrics;
+    the same from a local folder and from an fsspec store (memory://)."""
     from forecasting.api import forecast_target
     from ladder.fitting import store_forecast, table_from_steps, target_spec
     from ladder.loader import load_experiment
     from ladder.store import Store
 
     dag = load_experiment(LOCAL).dag
-    store = Store(str(tmp_path / "store"))
+    root = str(tmp_path / "store") if where == "folder" else f"memory://report-{tmp_path.name}"
+    store = Store(root)
     fractions = np.linspace(0.05, 1.0, 20)
     for name in ("r24", "r32", "r48", "r64"):
         _write_run(store, dag, name, fractions, state="done")
@@ -307,7 +310,7 @@ def test_local_ladder_mid_run_report(tmp_path):
     forecast = forecast_target(table, target_spec(dag["hero"]), n_bootstrap=5)
     store_forecast(store, forecast, meta={"why": "test"})
 
-    result = CliRunner().invoke(_cli(), ["report", LOCAL, "--out", str(tmp_path / "out"), "--root", str(tmp_path / "store")])
+    result = CliRunner().invoke(_cli(), ["report", LOCAL, "--out", str(tmp_path / "out"), "--root", root])
     assert result.exit_code == 0, result.output
     page = (tmp_path / "out" / "index.html").read_text()
     _check_offline_page(page)
