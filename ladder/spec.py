@@ -98,7 +98,7 @@ class ExperimentSpec(TrainJob):
         return int(round(tokens_per_active_param * accounting.count_params(model).active))
 
     def job(self) -> TrainJob:
-        """The trainer's view: the same job without resources and tags."""
+        """The trainer's view: the same job without resources, tags and the accounting convention."""
         return TrainJob.model_validate(self.model_dump(exclude={"resources", "tags", "accounting"}))
 
     def identity(self) -> dict[str, Any]:
