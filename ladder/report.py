@@ -546,11 +546,14 @@ def build_report(experiment_ref: str, *, root: str | None = None, target: str | 
     name = Path(experiment_ref).stem if experiment_ref.endswith(".py") else experiment_ref.rsplit(".", 1)[-1]
     title = f"{name}: scaling ladder report"
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    about = (exp.module.__doc__ or "").strip()
+    about_html = (f'<details id="about"><summary>About this experiment (its docstring)</summary><pre>{_e(about)}</pre></details>'
+                  if about else "")
     meta = (f"experiment <code>{_e(experiment_ref)}</code> · store <code>{_e(store.url)}</code> · target "
             f"<b>{_e(ctx.target or '-')}</b> · generated {generated} by ladder {_e(code_version())}")
     return (
         _PAGE.replace("{{TITLE}}", _e(title)).replace("{{CHART_CSS}}", chart_css).replace("{{META}}", meta)
-        .replace("{{NAV}}", nav).replace("{{SUMMARY}}", summary).replace("{{BODY}}", body)
+        .replace("{{NAV}}", nav).replace("{{SUMMARY}}", about_html + summary).replace("{{BODY}}", body)
     )
 
 
@@ -616,7 +619,7 @@ pre{background:#f6f6f6;padding:6px;font-size:11px;overflow:auto;max-height:420px
 <header><h1>{{TITLE}}</h1><div class="meta">{{META}}</div></header>
 <nav>{{NAV}}</nav>
 <main>
-<section id="summary"><h2>What is missing</h2>{{SUMMARY}}</section>
+<section id="summary"><h2>Overview and what is missing</h2>{{SUMMARY}}</section>
 {{BODY}}
 </main>
 </body></html>

@@ -119,6 +119,8 @@ def test_marin_report_is_one_offline_page(marin):
     assert [s["attrs"].get("type") for s in parser.scripts] == ["application/json", None]
     assert [m for m in re.findall(r'<section id="(\w+)"', marin["page"])] == [
         "summary", "ladder", "mixture", "configs", "curves", "forecast", "backtest", "alerts"]
+    about = re.search(r'<details id="about">.*?</details>', marin["page"], re.S).group(0)
+    assert "Marin&#x27;s 535B-A23B hero and its four-rung ladder" in about  # the experiment's docstring
 
 
 def test_marin_ladder_table_holds_every_step_with_its_numbers_and_state(marin):
