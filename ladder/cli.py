@@ -513,11 +513,13 @@ def _register_commands_from_modules() -> None:
     """Commands whose code lives beside what they drive (importer, plots, live view)."""
     from ladder.importer import import_command
     from ladder.plots import plot_command
+    from ladder.report import report_command
     from ladder.watch import watch_command
 
     app.command("import")(import_command)
     app.command("plot")(plot_command)
     app.command("watch")(watch_command)
+    app.command("report")(report_command)
 
 
 _register_commands_from_modules()
