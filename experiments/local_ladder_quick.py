@@ -19,7 +19,13 @@ The rungs span 38x in compute and the hero is 5.9x the largest rung.
 Measured on this 2-core machine (shared with other jobs), from an empty store: `ladder submit
 experiments/local_ladder_quick.py` took 1m22s end to end including Ray's start (rungs and fit ~45 s,
 hero ~35 s); the fit forecast the hero at 1.6916 [1.2750, 2.1081] and it reached 1.6856 (-0.35%).
-`ladder demo --quick` on the finished store: 2.2 s.
+`ladder demo --quick` on the finished store: 2-5 s (most of it the report and the figure).
+
+Its rungs keep the first local recipe's growing depth (2 layers, hero 3), which the full ladder dropped
+(see experiments/local_ladder.py). Here a constant depth did not help: rungs of width 16/24/32/40 at 3
+layers (final eval 3.131, 2.588, 2.365, 2.187) forecast this same hero at 1.7835 [1.4225, 2.1445], -5.49%
+against its 1.6856; the narrowest widths (2 heads of dimension 8-20) still fall more slowly than the
+hero's neighbourhood (d ln L / d ln C -0.093 to -0.102 between q24 and q40, -0.157 from q40 to the hero).
 """
 
 from __future__ import annotations
