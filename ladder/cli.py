@@ -511,6 +511,7 @@ def schema() -> None:
 
 def _register_commands_from_modules() -> None:
     """Commands whose code lives beside what they drive (importer, plots, live view)."""
+    from ladder.demo import demo_command
     from ladder.importer import import_command
     from ladder.plots import plot_command
     from ladder.report import report_command
@@ -520,6 +521,7 @@ def _register_commands_from_modules() -> None:
     app.command("plot")(plot_command)
     app.command("watch")(watch_command)
     app.command("report")(report_command)
+    app.command("demo")(demo_command)
 
 
 _register_commands_from_modules()
