@@ -14,7 +14,6 @@ in seconds.
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from ladder.alerts import read_alerts
 from ladder.dag import FitStep
 from ladder.store import Store, resolve_root
 
@@ -150,7 +150,7 @@ def collect_verdict(result: DemoResult, dag, store: Store, fit: FitStep) -> None
     evals = [row["eval/loss"] for row in apply_resume_markers(rows) if _finite(row.get("eval/loss"))]
     if status.get("state") == "done" and evals:
         result.actual_final_loss = float(evals[-1])
-    result.alerts = _read_jsonl(store, f"{hero_dir}/alerts.jsonl")
+    result.alerts = read_alerts(store.url_of(hero_dir))
 
 
 def write_outputs(result: DemoResult, experiment_ref: str, store: Store, out: Callable[[str], None]) -> None:
@@ -225,24 +225,6 @@ def _clock(epoch: float | None) -> str:
     if not _finite(epoch):
         return "?"
     return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-4]
-
-
-def _read_jsonl(store: Store, path: str) -> list[dict[str, Any]]:
-    """Complete JSON lines of a file that may be missing or still being appended to."""
-    try:
-        with store.fs.open(path, "r") as handle:
-            lines = handle.read().split("\n")[:-1]  # the part after the last newline may be torn
-    except FileNotFoundError:
-        return []
-    rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def _summary(version: int, payload: dict[str, Any]) -> ForecastSummary:
