@@ -95,6 +95,7 @@ class ForecastOverlay:
         self._thread: threading.Thread | None = None
         self._outcome: dict[str, Any] | None = None  # set by the refit thread, consumed at the next eval
         self._lock = threading.Lock()
+        self._chart_rows: dict[int, tuple[float, float, float, float]] = {}  # step -> (actual, loss, lo, hi)
 
     # ------------------------------------------------------------------ the hook
 
@@ -112,6 +113,9 @@ class ForecastOverlay:
                 sigma = alerts_lib.band_sigma(float(actual), loss, lo, hi, Z95) if _finite(actual) else math.nan
                 if math.isfinite(sigma):  # a zero-width band has no sigma; never write Infinity into JSON lines
                     out["forecast/sigma"] = sigma
+            if band is not None and _finite(actual):
+                self._chart_rows[int(step)] = (float(actual), *band)
+                self._log_wandb_chart()
             new_rows = self._read_new_rows(step, {**metrics, **out, "step": step})
             if _finite(actual):
                 self._eval_points[int(step)] = {k: metrics[k] for k in ("step", "tokens", "flops", "eval/loss") if k in metrics}
@@ -125,6 +129,26 @@ class ForecastOverlay:
         except Exception:  # noqa: BLE001 - the overlay must never hurt the run
             log.warning("forecast overlay failed at step %d; continuing:\n%s", step, traceback.format_exc())
         return out or None
+
+    def _log_wandb_chart(self) -> None:
+        """W&B draws every key on its own chart; this custom line chart puts eval/loss and the band on one axis.
+
+        Logged with commit=False so it lands on the eval's own step; skipped when no W&B run is active.
+        """
+        try:
+            import wandb
+
+            if wandb.run is None:
+                return
+            steps = sorted(self._chart_rows)
+            columns = list(zip(*(self._chart_rows[s] for s in steps)))
+            chart = wandb.plot.line_series(
+                xs=steps, ys=[list(c) for c in columns], keys=["eval/loss", "forecast/loss", "forecast/lo", "forecast/hi"],
+                title=f"{self.target_name}: eval/loss against the forecast band", xname="step",
+            )
+            wandb.log({"forecast/chart": chart}, commit=False)
+        except Exception as error:  # noqa: BLE001 - W&B must never hurt the run
+            log.debug("W&B forecast chart not logged: %s", error)
 
     # ------------------------------------------------------------------ forecast versions
 

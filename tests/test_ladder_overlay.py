@@ -266,3 +266,27 @@ def test_a_resumed_run_refits_with_the_evals_of_its_earlier_attempt(tmp_path):
     assert sorted(overlay._eval_points) == [25, 50, 75, 100, 125, 150]
     assert overlay._eval_points[150]["eval/loss"] == 2.9
     assert live_table(list(overlay._eval_points.values()), target)["step"].tolist() == [25, 50, 75, 100, 125, 150]
+
+
+def test_wandb_gets_one_chart_with_eval_loss_and_the_band(tmp_path, monkeypatch):
+    """An offline W&B run (as the trainer opens one) receives a line chart whose table holds the actual
+    eval/loss beside forecast/loss, lo and hi at every eval."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    store = Store(str(tmp_path / "root"))
+    target = _target()
+    store_forecast(store, _forecast(target), meta={})
+    overlay = ForecastOverlay(store.url, "hero", target, [], run_dir=None, refit_every=0, console_alerts=False)
+    run = wandb.init(mode="offline", dir=str(tmp_path), project="ladder-test")
+    try:
+        for step, loss in ((100, 3.6), (200, 3.4)):
+            overlay(step, {"step": step, "eval/loss": loss})
+            wandb.log({"eval/loss": loss}, step=step)
+    finally:
+        run.finish()
+    tables = sorted((tmp_path / "wandb").glob("offline-run-*/files/media/table/forecast/chart*.table.json"))
+    assert tables, list((tmp_path / "wandb").rglob("*"))[:20]
+    table = json.loads(tables[-1].read_text())
+    assert {"eval/loss", "forecast/loss", "forecast/lo", "forecast/hi"} <= {row[1] for row in table["data"]}
+    assert [row[0] for row in table["data"] if row[1] == "eval/loss"] == [100, 200]
