@@ -34,7 +34,10 @@ class Experiment:
 
     @property
     def name(self) -> str:
-        return self.module.__name__.rsplit(".", 1)[-1].removeprefix("ladder_experiment_")
+        """`foo` for experiments/foo.py and for experiments.foo."""
+        if self.ref.endswith(".py") or os.sep in self.ref:
+            return os.path.splitext(os.path.basename(self.ref))[0]
+        return self.module.__name__.rsplit(".", 1)[-1]
 
 
 def load_experiment(ref: str) -> Experiment:
