@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, ClassVar, Iterable, Mapping
@@ -54,7 +55,7 @@ class FitConfig(BaseModel):
 
 
 @dataclass(frozen=True, eq=False)
-class Step:
+class Step(ABC):
     """Base of every step. Subclasses say what runs; this holds the wiring."""
 
     name: str
@@ -72,9 +73,9 @@ class Step:
 
     kind: str = field(default="step", init=False)
 
+    @abstractmethod
     def content(self) -> dict[str, Any]:
         """What this step computes, without its dependencies (hashed into the fingerprint)."""
-        raise NotImplementedError
 
     def describe(self) -> str:
         return self.kind

@@ -10,6 +10,7 @@ tokenizer.json can never silently reuse tokens produced by the old one.
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import fsspec
@@ -19,7 +20,7 @@ import numpy as np
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[SEP]", "<|im_end|>")
 
 
-class Tokenizer:
+class Tokenizer(ABC):
     """Common interface; see ``ByteTokenizer`` and ``HFTokenizer``."""
 
     vocab_size: int
@@ -29,11 +30,13 @@ class Tokenizer:
     def encode(self, text: str) -> np.ndarray:
         return self.encode_batch([text])[0]
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text."""
 
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of a sequence of token ids."""
 
     def check_vocab(self, model_vocab_size: int) -> None:
         """Raise if token ids from this tokenizer can overflow a model's embedding table."""
