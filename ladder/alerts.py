@@ -266,23 +266,15 @@ def append_alerts(run_dir: str, alerts: Sequence[Alert]) -> None:
 
 
 def read_alerts(run_dir: str) -> list[dict[str, Any]]:
-    """Rows of run_dir/alerts.jsonl (torn or malformed lines skipped); [] when there is none."""
-    import fsspec
+    """Rows of run_dir/alerts.jsonl (torn or malformed lines skipped); [] when there is none or it cannot be read."""
+    from ladder.runs import read_jsonl
+    from ladder.store import Store
 
     try:
-        fs, path = fsspec.core.url_to_fs(f"{run_dir.rstrip('/')}/{ALERTS_FILE}")
-        if not fs.exists(path):
-            return []
-        text = fs.cat_file(path).decode()
-    except Exception:  # noqa: BLE001
+        store = Store(run_dir)
+        return read_jsonl(store, f"{store.root}/{ALERTS_FILE}")[0]
+    except Exception:  # noqa: BLE001 - a view of alerts must never fail its caller
         return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 _STYLE = {"info": "cyan", "warning": "yellow", "critical": "bold red"}

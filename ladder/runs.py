@@ -18,7 +18,11 @@ from ladder.store import Store
 
 def read_metrics(store: Store, run_dir: str, *, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
     """Rows of run_dir/metrics.jsonl from byte `offset`; returns (rows, offset to continue from)."""
-    path = f"{run_dir}/metrics.jsonl"
+    return read_jsonl(store, f"{run_dir}/metrics.jsonl", offset=offset)
+
+
+def read_jsonl(store: Store, path: str, *, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON-object lines of an append-only file from byte `offset`; ([], offset) if it is missing."""
     try:
         with store.fs.open(path, "rb") as handle:
             handle.seek(offset)
