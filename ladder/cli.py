@@ -60,9 +60,6 @@ def _store(root: str | None) -> Store:
 def _fmt(value: float | None, unit: str = "") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    for suffix, scale in (("e24", 1e24), ("e21", 1e21), ("e18", 1e18)):
-        if unit == "flops" and value >= scale:
-            return f"{value:.3g}"
     if unit == "flops":
         return f"{value:.3g}"
     if unit == "tokens":
