@@ -12,14 +12,19 @@ import time
 import pytest
 from pathlib import Path
 
-EXPERIMENT = '''
+# Long enough that the Ray worker, which may outlive its killed driver by a few seconds, cannot finish first.
+STEPS = 3000
+
+EXPERIMENT_TEMPLATE = '''
 from ladder import TrainStep
 from tests.ladder_helpers import tiny_spec
 
 spec = tiny_spec()
-spec = spec.model_copy(update={"train": spec.train.model_copy(update={"tokens": 32 * 8 * 400, "checkpoint_every": 25, "eval_every": 100, "log_every": 5})})
+NUM_STEPS = %d
+spec = spec.model_copy(update={"train": spec.train.model_copy(update={"tokens": 32 * 8 * NUM_STEPS, "checkpoint_every": 25, "eval_every": 500, "log_every": 5})})
 train = TrainStep(name="train", spec=spec)
 '''
+EXPERIMENT = EXPERIMENT_TEMPLATE % STEPS
 
 
 def _metrics(root: Path) -> list[dict]:
@@ -49,7 +54,7 @@ def test_killed_training_step_resumes_from_its_checkpoint(tmp_path):
     while time.time() < deadline and time.time() - (json.loads(status_path.read_text()).get("lease") or {}).get("heartbeat", 0) < 5:
         time.sleep(0.5)
     killed_at = max(m.get("step", 0) for m in _metrics(root))
-    assert 25 <= killed_at < 400, killed_at
+    assert 25 <= killed_at < STEPS, killed_at
 
     rescuer = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert rescuer.returncode == 0, rescuer.stdout + rescuer.stderr
@@ -57,6 +62,6 @@ def test_killed_training_step_resumes_from_its_checkpoint(tmp_path):
     status = json.loads((run_dir / "status.json").read_text())
     result = json.loads((run_dir / "result.json").read_text())
     assert status["state"] == "done" and status["attempts"] == 2
-    assert result["completed"] and result["steps"] == 400
+    assert result["completed"] and result["steps"] == STEPS
     assert result["resumed_from_step"] and 25 <= result["resumed_from_step"] <= killed_at
     assert result["final_eval_loss"] < 5.0
