@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from ladder.dag import DAG, FitStep, FunctionStep, Step, TrainStep
+from ladder.gang import run_gang, uses_gang
 from ladder.spec import SPEC_FORMAT_VERSION, ResourceSpec
 from ladder.store import Heartbeat, Store, StoreError, lease_ttl_seconds, new_owner_id
 
@@ -223,6 +224,17 @@ def _write_spec(store: Store, run_dir: str, task: StepTask) -> None:
 
 
 def _run_step_body(step: Step, context: StepContext, task: StepTask, store: Store) -> tuple[dict[str, Any], bool]:
+    if isinstance(step, TrainStep) and uses_gang(step.spec.resources):
+        gang = run_gang(
+            step,
+            context.run_dir,
+            overlay_args=_overlay_args(step, context, task),
+            should_stop=context.should_stop,
+            report_progress=context.report_progress,
+        )
+        payload = dict(gang.result)
+        payload["gang_attempts"] = len(gang.attempts)
+        return payload, bool(payload.get("completed", True))
     if isinstance(step, TrainStep):
         from trainer import train
 
@@ -261,6 +273,18 @@ def _forecast_overlay(step: TrainStep, context: StepContext, task: StepTask):
     except Exception:  # noqa: BLE001 - a forecast view must never stop training
         traceback.print_exc()
         return None
+
+
+def _overlay_args(step: TrainStep, context: StepContext, task: StepTask) -> dict[str, Any]:
+    """What a gang's rank 0 needs to build the same overlay as ``_forecast_overlay`` (see ladder.gang_worker)."""
+    return {
+        "step": step,
+        "store_url": context.store_url,
+        "run_dir": context.run_dir,
+        "ladder_run_dirs": task.forecast_ladder_run_dirs,
+        "refit_every": task.forecast_refit_every,
+        "has_fit_step": task.forecast_planned,
+    }
 
 
 def code_version() -> str:
@@ -352,7 +376,6 @@ def run(
 
     needs_ray = any(state[n] in ("pending", "running") for n in wanted)
     if needs_ray:
-        _check_multi_host(dag, wanted, state)
         init_ray(ray_address)
     remote_execute = ray.remote(execute_step) if needs_ray else None
 
@@ -378,7 +401,10 @@ def run(
             **(_overlay_fields(dag, store, name) if isinstance(step, TrainStep) else {}),
         )
         options: dict[str, Any] = {"max_retries": 0, "name": f"ladder:{name}"}
-        options.update(step_resources(step).ray_options())
+        if isinstance(step, TrainStep) and uses_gang(step.spec.resources):
+            options["num_cpus"] = 0  # the gang's controller only; its hosts are reserved as a placement group
+        else:
+            options.update(step_resources(step).ray_options())
         ref = remote_execute.options(**options).remote(task)
         inflight[ref] = (name, owner)
         state[name] = "running"
@@ -494,16 +520,6 @@ def step_resources(step: Step) -> ResourceSpec:
     if isinstance(step, FunctionStep):
         return step.resources
     return ResourceSpec(cpus=1)
-
-
-def _check_multi_host(dag: DAG, wanted: list[str], state: dict[str, str]) -> None:
-    for name in wanted:
-        hosts = step_resources(dag[name]).hosts
-        if state[name] == "pending" and hosts > 1:
-            raise ExecutionError(
-                f"step {name!r} asks for resources.hosts={hosts}; this executor runs single-host "
-                "steps only so far (multi-host gangs are issue 7). Set hosts=1 to run it on one host."
-            )
 
 
 def _stop_inflight(inflight, dag, store, state, log) -> None:

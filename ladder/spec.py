@@ -41,6 +41,18 @@ class ResourceSpec(BaseModel):
     custom: dict[str, float] = Field(
         default_factory=dict, description="Extra Ray custom resources, e.g. {'fake_accel': 1}."
     )
+    cpu_devices_per_host: int | None = Field(
+        None,
+        ge=1,
+        description="JAX CPU devices per host process (jax_num_cpu_devices): runs a device mesh on CPUs, as the "
+        "multi-process tests do. Setting it runs the step in its own process(es), like a multi-host step.",
+    )
+    max_restarts: int = Field(
+        2, ge=0, description="Multi-process steps: times the whole gang is restarted from its newest checkpoint after a member dies."
+    )
+    placement_timeout_s: float = Field(
+        600.0, gt=0, description="Multi-process steps: seconds to wait for the cluster to place every host of the gang."
+    )
 
     @field_validator("custom")
     @classmethod

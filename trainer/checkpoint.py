@@ -64,6 +64,7 @@ class Checkpointer:
         self.directory = os.path.abspath(directory)
         self.every_steps = every_steps
         self.every_seconds = every_seconds
+        self.force_next = False  # set by a multi-process loop: process 0's clock said a save is due
         self._last_save_time = time.monotonic()
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -79,12 +80,19 @@ class Checkpointer:
     # -- policy -------------------------------------------------------------------------------
 
     def due(self, step: int) -> bool:
-        """Whether the step or time cadence asks for a checkpoint after ``step`` completed steps."""
+        """Whether the step or time cadence asks for a checkpoint after ``step`` completed steps.
+
+        With several processes, the time cadence is ``force_next`` (process 0's ``due_by_time``, agreed
+        before the step): each process's own clock could disagree and one process would save alone.
+        """
         if self.every_steps is not None and step % self.every_steps == 0:
             return True
-        if self.every_seconds is not None and time.monotonic() - self._last_save_time >= self.every_seconds:
-            return True
-        return False
+        if jax.process_count() > 1:
+            return self.force_next
+        return self.due_by_time()
+
+    def due_by_time(self) -> bool:
+        return self.every_seconds is not None and time.monotonic() - self._last_save_time >= self.every_seconds
 
     # -- orbax --------------------------------------------------------------------------------
 

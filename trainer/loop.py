@@ -56,6 +56,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainer import checkpoint as checkpoint_lib
+from trainer import distributed
 from trainer import metrics as metrics_lib
 from trainer import optim
 from trainer.step import make_train_step
@@ -148,8 +149,9 @@ def peak_flops(job: TrainJob, accounting: Any, mesh: jax.sharding.Mesh) -> float
 class _FaultLedger:
     """Skipped step indices and rollbacks, persisted in run_dir/faults.json and checkpoint metadata."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, writable: bool = True):
         self.path = path
+        self.writable = writable
         self.skipped: set[int] = set()
         self.rollbacks: list[dict[str, Any]] = []
         if os.path.exists(path):
@@ -167,6 +169,8 @@ class _FaultLedger:
         return {"skipped_steps": sorted(self.skipped), "rollbacks": self.rollbacks}
 
     def save(self) -> None:
+        if not self.writable:
+            return
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(self.as_meta(), f)
@@ -216,6 +220,7 @@ def train(
         ) from err
     replicated = NamedSharding(mesh, PartitionSpec())
     process_index, process_count = jax.process_index(), jax.process_count()
+    primary = process_index == 0
 
     key = jax.random.key(tcfg.seed)
     abstract_params = jax.eval_shape(lambda k: model.init_params(cfg, k), key)
@@ -289,11 +294,15 @@ def train(
     fingerprint = job_fingerprint(job)
 
     # ---- sinks, checkpoints, faults ---------------------------------------------------------
+    # Every process trains; only process 0 writes metrics, W&B and faults.json and runs the hooks.
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     had_metrics = os.path.exists(metrics_path) and os.path.getsize(metrics_path) > 0
-    jsonl = metrics_lib.JsonlSink(metrics_path)
+    jsonl = metrics_lib.JsonlSink(metrics_path) if primary else metrics_lib.NullSink()
     wandb_sink = metrics_lib.WandbSink(
-        mode=tcfg.wandb, project=tcfg.wandb_project, run_dir=run_dir, config=job.model_dump(mode="json")
+        mode=tcfg.wandb if primary else "disabled",
+        project=tcfg.wandb_project,
+        run_dir=run_dir,
+        config=job.model_dump(mode="json"),
     )
     checkpointer = checkpoint_lib.Checkpointer(
         os.path.join(run_dir, "checkpoints"),
@@ -302,7 +311,7 @@ def train(
         keep=tcfg.keep_checkpoints,
         async_save=tcfg.async_checkpointing,
     )
-    faults = _FaultLedger(os.path.join(run_dir, "faults.json"))
+    faults = _FaultLedger(os.path.join(run_dir, "faults.json"), writable=primary)
     on_cpu = mesh.devices.flat[0].platform == "cpu"
 
     def emit(record: dict[str, Any]) -> None:
@@ -364,7 +373,7 @@ def train(
             losses.append(loss)
         record["eval/loss"] = float(np.mean(losses))
         last["eval_loss"] = record["eval/loss"]
-        for hook in hooks:
+        for hook in hooks if primary else ():
             try:
                 extra = hook(step, {**last["train_values"], **record})
             except Exception:  # noqa: BLE001
@@ -390,7 +399,7 @@ def train(
         wandb_sink.close()
         return _result(job, step, flops_per_step, last, wall_start, resumed_from, faults, completed=True)
 
-    progress = metrics_lib.ProgressBar(total=num_steps, start=step, enabled=tcfg.progress)
+    progress = metrics_lib.ProgressBar(total=num_steps, start=step, enabled=tcfg.progress and primary)
     bad_streak: list[int] = []
     pending: tuple[int, dict] | None = None
     interval = {"step": None, "time": None, "excluded": 0.0}
@@ -424,6 +433,9 @@ def train(
             values["throughput/tokens_per_second"] = steps_done * tokens_per_step / seconds
             if peak:
                 values["throughput/mfu"] = steps_done * flops_per_step / seconds / peak
+            if process_count > 1:  # every host's own clock: a slow host shows here first
+                for host, host_seconds in enumerate(distributed.gather(seconds)):
+                    values[f"throughput/host{host}/tokens_per_second"] = steps_done * tokens_per_step / max(1e-9, host_seconds)
             interval.update(step=done_step, time=now, excluded=0.0)
         if done_step % tcfg.log_every == 0 or done_step == num_steps:
             record = base_record(done_step)
@@ -458,7 +470,11 @@ def train(
 
     try:
         while step < num_steps:
-            if should_stop is not None and should_stop():
+            stop_now = should_stop is not None and should_stop()
+            if process_count > 1:  # a save or a stop is collective: every process acts on process 0's view
+                stop_now, time_due = distributed.agree([stop_now, checkpointer.due_by_time()])
+                checkpointer.force_next = time_due
+            if stop_now:
                 stopped = True
                 break
             skip = (step + 1) in faults.skipped

@@ -55,6 +55,16 @@ class JsonlSink:
         self._file.close()
 
 
+class NullSink:
+    """Where a non-primary process of a multi-process run writes its metrics: nowhere."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def read_metrics(path: str, *, raw: bool = False) -> list[dict[str, Any]]:
     """The rows of a metrics.jsonl; a torn or unparsable line is skipped (only the last can be torn).
 

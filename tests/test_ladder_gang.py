@@ -1,0 +1,185 @@
+"""Multi-process training steps as Ray gangs (ladder.gang): the same losses as one process, and recovery.
+
+The proof runs JAX multi-process on CPUs with gloo collectives: a small MoE on a data 4 x expert 2 mesh,
+once as 1 process x 8 devices and once as 2 processes x 4 devices (both mesh axes span both processes).
+Both go through `ladder submit`, i.e. the executor, a placement group, member actors and
+`python -m ladder.gang_worker` processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ladder.gang import GangError, bundle_of, placement_strategy, run_gang, uses_gang
+from ladder.spec import ResourceSpec
+from tests.test_ladder_multinode import _env, two_node_cluster  # noqa: F401 - the fixture is used below
+from trainer.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+EXPERIMENT = '''
+from ladder import ExperimentSpec, ResourceSpec, TrainStep
+from trainer.config import (DataConfig, MixturePhase, ModelConfig, MoEConfig, OptimizerConfig, ScheduleConfig,
+                            SourceConfig, TrainConfig)
+
+NUM_STEPS = {num_steps}
+
+
+def spec(hosts):
+    return ExperimentSpec(
+        model=ModelConfig(hidden_dim=32, num_layers=2, num_heads=2, seq_len=32,
+                          moe=MoEConfig(num_experts=4, top_k=2, expert_dim=32)),
+        data=DataConfig(sources=[SourceConfig(name="code", kind="stdlib_code"), SourceConfig(name="docs", kind="stdlib_docs")],
+                        phases=[MixturePhase(weights={{"code": 0.7, "docs": 0.3}})], max_tokens_per_source=200_000),
+        optimizer=OptimizerConfig(learning_rate=1e-2, schedule=ScheduleConfig(kind="cosine", warmup=5)),
+        train=TrainConfig(tokens=NUM_STEPS * 16 * 32, batch_size=16, eval_every=10, eval_batches=2, log_every=1,
+                          checkpoint_every=10, wandb="disabled", progress=False, mesh={{"data": 4, "expert": 2}}),
+        resources=ResourceSpec(cpus=1, hosts=hosts, cpu_devices_per_host=8 // hosts),
+    )
+
+
+one = TrainStep(name="one-process", spec=spec(1))
+two = TrainStep(name="two-process", spec=spec(2))
+'''
+
+
+def _experiment(tmp_path: Path, num_steps: int) -> Path:
+    path = tmp_path / "gang_exp.py"
+    path.write_text(EXPERIMENT.format(num_steps=num_steps))
+    return path
+
+
+def _run_dir(root: Path, name: str) -> Path:
+    [run_dir] = root.glob(f"runs/{name}-*")
+    return run_dir
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["train/loss"] for r in read_metrics(str(run_dir / "metrics.jsonl")) if "train/loss" in r}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ----------------------------------------------------------------------------------- pure parts
+
+
+def test_gang_bundles_strategy_and_spec_validation():
+    resources = ResourceSpec(cpus=120, gpus=4, accelerator_type="GB200", hosts=176, memory_gb=890, custom={"rack": 1})
+    assert bundle_of(resources) == {
+        "CPU": 120.0, "GPU": 4.0, "memory": float(890 * 1024**3), "accelerator_type:GB200": 0.001, "rack": 1.0,
+    }
+    assert placement_strategy(hosts=2, alive_nodes=2) == "STRICT_SPREAD"
+    assert placement_strategy(hosts=2, alive_nodes=1) == "SPREAD"
+    assert uses_gang(resources) and uses_gang(ResourceSpec(cpu_devices_per_host=8)) and not uses_gang(ResourceSpec())
+    for bad in ({"cpu_devices_per_host": 0}, {"max_restarts": -1}, {"placement_timeout_s": 0}):
+        with pytest.raises(ValueError):
+            ResourceSpec(**bad)
+
+
+def test_gang_refuses_a_run_directory_that_is_not_a_shared_path():
+    from tests.ladder_helpers import tiny_spec
+    from ladder.dag import TrainStep
+
+    step = TrainStep(name="s", spec=tiny_spec(resources=ResourceSpec(hosts=2)))
+    with pytest.raises(GangError, match="shared filesystem"):
+        run_gang(step, "memory://root/runs/s-0")
+
+
+# ------------------------------------------------------------------------ through the executor
+
+
+def test_two_processes_give_the_losses_of_one_process_on_embedded_ray(tmp_path):
+    """2 processes x 4 CPU devices (gloo) == 1 process x 8 devices, step by step, through `ladder submit`."""
+    experiment, root = _experiment(tmp_path, num_steps=12), tmp_path / "root"
+    result = subprocess.run(
+        [sys.executable, "-m", "ladder.cli", "submit", str(experiment), "--root", str(root)],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    one, two = _run_dir(root, "one-process"), _run_dir(root, "two-process")
+    one_losses, two_losses = _losses(one), _losses(two)
+    assert sorted(two_losses) == list(range(1, 13)) == sorted(one_losses)
+    np.testing.assert_allclose([two_losses[s] for s in range(1, 13)], [one_losses[s] for s in range(1, 13)], rtol=1e-5)
+    rows = read_metrics(str(two / "metrics.jsonl"), raw=True)
+    assert len([r for r in rows if "train/loss" in r]) == 12  # written once, by process 0
+    throughput = [r for r in rows if "throughput/host1/tokens_per_second" in r]
+    assert throughput and all(r["throughput/host0/tokens_per_second"] > 0 for r in throughput)
+    attempts = [json.loads(line) for line in (two / "gang" / "attempts.jsonl").read_text().splitlines()]
+    assert [a["outcome"] for a in attempts] == ["done"] and attempts[0]["hosts"] == 2
+    assert not any(_alive(pid) for pid in attempts[0]["pids"])
+    status = json.loads((two / "status.json").read_text())
+    assert status["state"] == "done" and status.get("lease") is None
+    assert json.loads((two / "result.json").read_text())["completed"] is True
+
+
+@pytest.mark.slow
+def test_killing_a_gang_member_restarts_the_gang_from_its_checkpoint_on_two_nodes(two_node_cluster, tmp_path):  # noqa: F811
+    """On a real two-node Ray cluster (STRICT_SPREAD: one member per node): rank 1's trainer is SIGKILLed
+    mid-run; the whole gang is torn down, restarted from the newest checkpoint and finishes with the losses
+    of the one-process run; no worker process and no placement group is left behind."""
+    num_steps = 40
+    experiment, root = _experiment(tmp_path, num_steps=num_steps), tmp_path / "root"
+    submit = [sys.executable, "-m", "ladder.cli", "submit", str(experiment), "--ray-address", two_node_cluster, "--root", str(root)]
+    reference = subprocess.run([*submit, "one-process"], capture_output=True, text=True, timeout=600, cwd=REPO, env=_env())
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+
+    process = subprocess.Popen([*submit, "two-process"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=REPO, env=_env(), start_new_session=True)
+    try:
+        deadline, killed = time.time() + 300, None
+        while time.time() < deadline and killed is None:
+            runs = list(root.glob("runs/two-process-*"))
+            metrics = runs[0] / "metrics.jsonl" if runs else None
+            if metrics is not None and metrics.exists() and len(_losses(runs[0])) >= 22:
+                killed = int((runs[0] / "gang" / "host1.pid").read_text())
+                os.kill(killed, signal.SIGKILL)
+            time.sleep(0.2)
+        assert killed is not None, "the gang never reached step 22"
+        output, _ = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, output[-4000:]
+    run_dir = _run_dir(root, "two-process")
+    attempts = [json.loads(line) for line in (run_dir / "gang" / "attempts.jsonl").read_text().splitlines()]
+    assert [a["outcome"] for a in attempts] == ["failed", "done"], attempts
+    assert "rank 1 exited with signal SIGKILL" in attempts[0]["detail"]
+    assert all(a["strategy"] == "STRICT_SPREAD" for a in attempts)
+    assert attempts[0]["pids"][1] == killed
+    assert not any(_alive(pid) for a in attempts for pid in a["pids"])  # rank 0 of attempt 0 was torn down too
+    resumes = [r for r in read_metrics(str(run_dir / "metrics.jsonl"), raw=True) if r.get("event") == "resume"]
+    assert [r["step"] for r in resumes] == [20]
+    two_losses, one_losses = _losses(run_dir), _losses(_run_dir(root, "one-process"))
+    assert sorted(two_losses) == list(range(1, num_steps + 1))
+    np.testing.assert_allclose([two_losses[s] for s in two_losses], [one_losses[s] for s in two_losses], rtol=1e-5)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["completed"] and result["gang_attempts"] == 2 and result["resumed_from_step"] == 20
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "done" and status.get("lease") is None
+
+    probe = (
+        "import ray, json\n"
+        f"ray.init(address={two_node_cluster!r}, logging_level='ERROR', _node_ip_address='127.0.0.2')\n"
+        "print('PGS' + json.dumps([g['state'] for g in ray.util.placement_group_table().values()]))\n"
+    )
+    tables = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=_env())
+    states = json.loads(tables.stdout.split("PGS", 1)[1])
+    assert len(states) == 3 and set(states) == {"REMOVED"}, states  # the reference run's, and one per gang attempt
