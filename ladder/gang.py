@@ -166,7 +166,7 @@ def run_gang(
         pg, members = None, []
         try:
             pg, strategy = _place(ray, resources, step.name, attempt, should_stop)
-            record["strategy"] = strategy
+            record.update(strategy=strategy, placed_s=time.time() - record["started_at"])
             member_cls = ray.remote(GangMember)
             options = _member_options(resources)
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -193,7 +193,7 @@ def run_gang(
                 ],
                 timeout=120,
             )
-            record["pids"] = pids
+            record.update(pids=pids, spawned_s=time.time() - record["started_at"])
             log(f"[gang] {step.name}: attempt {attempt} on {len(set(nodes))} node(s) {nodes}, coordinator {coordinator}")
             record["outcome"], detail = _supervise(ray, members, gang_dir, should_stop, report_progress, run_dir)
             record["detail"] = detail
