@@ -70,6 +70,15 @@ def placement_strategy(hosts: int, alive_nodes: int) -> str:
     return "STRICT_SPREAD" if alive_nodes >= hosts else "SPREAD"
 
 
+def hosts_that_fit(bundle: dict[str, float], node_resources: list[dict[str, float]]) -> int:
+    """How many bundles the nodes could hold when idle (several per node when it has room for them)."""
+    total = 0
+    for resources in node_resources:
+        fits = [resources.get(key, 0.0) / amount for key, amount in bundle.items() if amount > 0]
+        total += int(min(fits) + 1e-9) if fits else 0
+    return total
+
+
 class GangMember:
     """A Ray actor on one host of the gang: finds the coordinator address and owns one worker process."""
 
@@ -253,8 +262,18 @@ def _member_options(resources: ResourceSpec) -> dict[str, Any]:
 def _place(ray: Any, resources: ResourceSpec, name: str, attempt: int, should_stop: Callable[[], bool]):
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    alive = len([n for n in ray.nodes() if n.get("Alive")])
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    alive = len(nodes)
     strategy = placement_strategy(resources.hosts, alive)
+    bundle = bundle_of(resources)
+    room = hosts_that_fit(bundle, [n.get("Resources", {}) for n in nodes])
+    if room < resources.hosts and not os.environ.get("LADDER_GANG_AUTOSCALE"):
+        raise GangError(
+            f"{name} needs {resources.hosts} host(s) of {bundle}, but the cluster's {alive} node(s) can hold only "
+            f"{room} such host(s) even when idle. Run it on a cluster that has them (--ray-address), lower "
+            "resources.hosts or the per-host resources, or set LADDER_GANG_AUTOSCALE=1 to wait up to "
+            "resources.placement_timeout_s for an autoscaler to add nodes."
+        )
     pg = placement_group([bundle_of(resources)] * resources.hosts, strategy=strategy, name=f"ladder:{name}:{attempt}")
     deadline = time.time() + resources.placement_timeout_s
     ready = pg.ready()

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ladder.gang import GangError, bundle_of, placement_strategy, run_gang, uses_gang
+from ladder.gang import GangError, bundle_of, hosts_that_fit, placement_strategy, run_gang, uses_gang
 from ladder.spec import ResourceSpec
 from tests.test_ladder_multinode import _env, two_node_cluster  # noqa: F401 - the fixture is used below
 from trainer.metrics import read_metrics
@@ -89,6 +89,10 @@ def test_gang_bundles_strategy_and_spec_validation():
     assert placement_strategy(hosts=2, alive_nodes=2) == "STRICT_SPREAD"
     assert placement_strategy(hosts=2, alive_nodes=1) == "SPREAD"
     assert uses_gang(resources) and uses_gang(ResourceSpec(cpu_devices_per_host=8)) and not uses_gang(ResourceSpec())
+    idle_nodes = [{"CPU": 2.0, "memory": 1e12}, {"CPU": 1.0, "GPU": 4.0}]
+    assert hosts_that_fit({"CPU": 1.0}, idle_nodes) == 3
+    assert hosts_that_fit({"CPU": 1.0, "GPU": 4.0}, idle_nodes) == 1
+    assert hosts_that_fit(bundle_of(resources), idle_nodes) == 0
     for bad in ({"cpu_devices_per_host": 0}, {"max_restarts": -1}, {"placement_timeout_s": 0}):
         with pytest.raises(ValueError):
             ResourceSpec(**bad)
@@ -104,6 +108,28 @@ def test_gang_refuses_a_run_directory_that_is_not_a_shared_path():
 
 
 # ------------------------------------------------------------------------ through the executor
+
+
+def test_a_gang_the_cluster_cannot_hold_fails_at_once_with_the_reason(tmp_path):
+    """Two hosts of 64 CPUs on the embedded Ray of a 2-core machine: failed in seconds, not after the
+    placement timeout, and status.json says why."""
+    experiment = tmp_path / "huge.py"
+    experiment.write_text(
+        "from ladder import ResourceSpec, TrainStep\n"
+        "from tests.ladder_helpers import tiny_spec\n"
+        "huge = TrainStep(name='huge', spec=tiny_spec(resources=ResourceSpec(cpus=64, hosts=2)))\n"
+    )
+    root = tmp_path / "root"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("LADDER_GANG_AUTOSCALE", None)
+    started = time.time()
+    result = subprocess.run([sys.executable, "-m", "ladder.cli", "submit", str(experiment), "--root", str(root)],
+                            capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert time.time() - started < 120
+    status = json.loads(next(root.glob("runs/huge-*/status.json")).read_text())
+    assert status["state"] == "failed"
+    assert "needs 2 host(s)" in status["last_error"] and "can hold only 0" in status["last_error"]
 
 
 def test_two_processes_give_the_losses_of_one_process_on_embedded_ray(tmp_path):
