@@ -231,6 +231,7 @@ def _run_step_body(step: Step, context: StepContext, task: StepTask, store: Stor
             overlay_args=_overlay_args(step, context, task),
             should_stop=context.should_stop,
             report_progress=context.report_progress,
+            on_attempt=lambda record: _record_gang_attempt(store, context, task.owner, record),
         )
         payload = dict(gang.result)
         payload["gang_attempts"] = len(gang.attempts)
@@ -273,6 +274,14 @@ def _forecast_overlay(step: TrainStep, context: StepContext, task: StepTask):
     except Exception:  # noqa: BLE001 - a forecast view must never stop training
         traceback.print_exc()
         return None
+
+
+def _record_gang_attempt(store: Store, context: StepContext, owner: str, record: dict[str, Any]) -> None:
+    """One line per gang attempt in status.json's history (the whole record is in gang/attempts.jsonl)."""
+    entry = {"event": f"gang_{record['outcome']}", "at": time.time(), "owner": owner, "attempt": record["attempt"],
+             "nodes": record.get("nodes"), "detail": record.get("detail")}
+    run_dir = store.run_dir(context.name, context.fingerprint)
+    store.update_status(run_dir, lambda status: status.setdefault("history", []).append(entry))
 
 
 def _overlay_args(step: TrainStep, context: StepContext, task: StepTask) -> dict[str, Any]:

@@ -149,8 +149,12 @@ def run_gang(
     should_stop: Callable[[], bool] = lambda: False,
     report_progress: Callable[[dict[str, Any]], None] = lambda progress: None,
     log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True),
+    on_attempt: Callable[[dict[str, Any]], None] = lambda record: None,
 ) -> GangOutcome:
     """Train ``step`` (a TrainStep) across ``step.spec.resources.hosts`` hosts; retries included.
+
+    ``on_attempt(record)`` is called after every attempt that got its hosts (the executor records
+    them in status.json's history).
 
     Returns the trainer's result (``completed`` False after a stop). Raises GangError when the gang
     cannot be placed within ``resources.placement_timeout_s`` or fails ``max_restarts + 1`` times.
@@ -216,6 +220,7 @@ def run_gang(
             _teardown(ray, members, pg)
         record["ended_at"] = time.time()
         _append_attempt(gang_dir, record, outcome)
+        on_attempt(record)
         if record["outcome"] in ("done", "stopped"):
             outcome.result = _read_json(os.path.join(gang_dir, "result.json"))
             if outcome.result is None:

@@ -32,17 +32,19 @@ from trainer.config import (DataConfig, MixturePhase, ModelConfig, MoEConfig, Op
                             SourceConfig, TrainConfig)
 
 NUM_STEPS = {num_steps}
+MESH = {mesh!r}
+EXPERTS = {experts}
 
 
 def spec(hosts):
     return ExperimentSpec(
         model=ModelConfig(hidden_dim=32, num_layers=2, num_heads=2, seq_len=32,
-                          moe=MoEConfig(num_experts=4, top_k=2, expert_dim=32)),
+                          moe=MoEConfig(num_experts=EXPERTS, top_k=2, expert_dim=32)),
         data=DataConfig(sources=[SourceConfig(name="code", kind="stdlib_code"), SourceConfig(name="docs", kind="stdlib_docs")],
                         phases=[MixturePhase(weights={{"code": 0.7, "docs": 0.3}})], max_tokens_per_source=200_000),
         optimizer=OptimizerConfig(learning_rate=1e-2, schedule=ScheduleConfig(kind="cosine", warmup=5)),
         train=TrainConfig(tokens=NUM_STEPS * 16 * 32, batch_size=16, eval_every=10, eval_batches=2, log_every=1,
-                          checkpoint_every=10, wandb="disabled", progress=False, mesh={{"data": 4, "expert": 2}}),
+                          checkpoint_every=10, wandb="disabled", progress=False, mesh=MESH),
         resources=ResourceSpec(cpus=1, hosts=hosts, cpu_devices_per_host=8 // hosts),
     )
 
@@ -52,9 +54,9 @@ two = TrainStep(name="two-process", spec=spec(2))
 '''
 
 
-def _experiment(tmp_path: Path, num_steps: int) -> Path:
+def _experiment(tmp_path: Path, num_steps: int, mesh: dict[str, int] | None = None, experts: int = 4) -> Path:
     path = tmp_path / "gang_exp.py"
-    path.write_text(EXPERIMENT.format(num_steps=num_steps))
+    path.write_text(EXPERIMENT.format(num_steps=num_steps, mesh=mesh or {"data": 4, "expert": 2}, experts=experts))
     return path
 
 
@@ -132,9 +134,17 @@ def test_a_gang_the_cluster_cannot_hold_fails_at_once_with_the_reason(tmp_path):
     assert "needs 2 host(s)" in status["last_error"] and "can hold only 0" in status["last_error"]
 
 
-def test_two_processes_give_the_losses_of_one_process_on_embedded_ray(tmp_path):
-    """2 processes x 4 CPU devices (gloo) == 1 process x 8 devices, step by step, through `ladder submit`."""
-    experiment, root = _experiment(tmp_path, num_steps=12), tmp_path / "root"
+@pytest.mark.parametrize(
+    "mesh, experts",
+    [({"data": 4, "expert": 2}, 4), ({"expert": 8}, 8)],
+    ids=["data4-expert2:data-axis-crosses-processes", "expert8:expert-axis-crosses-processes"],
+)
+def test_two_processes_give_the_losses_of_one_process_on_embedded_ray(tmp_path, mesh, experts):
+    """2 processes x 4 CPU devices (gloo) == 1 process x 8 devices, step by step, through `ladder submit`.
+    Process 0 holds the first 4 devices of the mesh, so with data 4 x expert 2 the data axis crosses the
+    processes (as on a real cluster, where experts stay inside a host's fast domain) and with expert 8 the
+    expert axis does (its dispatch and gradient reductions go through gloo)."""
+    experiment, root = _experiment(tmp_path, num_steps=12, mesh=mesh, experts=experts), tmp_path / "root"
     result = subprocess.run(
         [sys.executable, "-m", "ladder.cli", "submit", str(experiment), "--root", str(root)],
         capture_output=True, text=True, timeout=600, cwd=REPO,
@@ -200,6 +210,8 @@ def test_killing_a_gang_member_restarts_the_gang_from_its_checkpoint_on_two_node
     assert result["completed"] and result["gang_attempts"] == 2 and result["resumed_from_step"] == resumes[0]["step"]
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "done" and status.get("lease") is None
+    gang_events = [h for h in status["history"] if h["event"].startswith("gang_")]
+    assert [(h["event"], h["attempt"]) for h in gang_events] == [("gang_failed", 0), ("gang_done", 1)]
 
     probe = (
         "import ray, json\n"
