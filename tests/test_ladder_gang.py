@@ -80,6 +80,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _placement_group_states(address: str) -> list[str]:
+    """The state of every placement group the cluster has seen (from a separate driver)."""
+    probe = (
+        "import ray, json\n"
+        f"ray.init(address={address!r}, logging_level='ERROR', _node_ip_address='127.0.0.2')\n"
+        "print('PGS' + json.dumps([g['state'] for g in ray.util.placement_group_table().values()]))\n"
+    )
+    tables = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=_env())
+    return json.loads(tables.stdout.split("PGS", 1)[1])
+
+
 # ----------------------------------------------------------------------------------- pure parts
 
 
@@ -213,13 +224,7 @@ def test_killing_a_gang_member_restarts_the_gang_from_its_checkpoint_on_two_node
     gang_events = [h for h in status["history"] if h["event"].startswith("gang_")]
     assert [(h["event"], h["attempt"]) for h in gang_events] == [("gang_failed", 0), ("gang_done", 1)]
 
-    probe = (
-        "import ray, json\n"
-        f"ray.init(address={two_node_cluster!r}, logging_level='ERROR', _node_ip_address='127.0.0.2')\n"
-        "print('PGS' + json.dumps([g['state'] for g in ray.util.placement_group_table().values()]))\n"
-    )
-    tables = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=_env())
-    states = json.loads(tables.stdout.split("PGS", 1)[1])
+    states = _placement_group_states(two_node_cluster)
     assert len(states) == 3 and set(states) == {"REMOVED"}, states  # the reference run's, and one per gang attempt
 
 
@@ -261,10 +266,4 @@ def test_a_killed_submitter_leaves_no_gang_behind_and_the_next_submit_resumes(tw
     assert result["completed"] and result["resumed_from_step"] in (10, 20)  # the newest checkpoint at the kill (>= 12)
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "done"
-    probe = (
-        "import ray, json\n"
-        f"ray.init(address={two_node_cluster!r}, logging_level='ERROR', _node_ip_address='127.0.0.2')\n"
-        "print('PGS' + json.dumps([g['state'] for g in ray.util.placement_group_table().values()]))\n"
-    )
-    tables = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=_env())
-    assert set(json.loads(tables.stdout.split("PGS", 1)[1])) == {"REMOVED"}
+    assert set(_placement_group_states(two_node_cluster)) == {"REMOVED"}
