@@ -314,6 +314,7 @@ class TrainConfig(Frozen):
             "compilation_cache_dir",
             "peak_flops_per_second",
             "async_checkpointing",
+            "remat",
         }
     )
 
@@ -346,11 +347,47 @@ class TrainConfig(Frozen):
         None, gt=0, description="Peak FLOP/s of the whole mesh for MFU; None = table by device kind (measured on CPU)."
     )
     async_checkpointing: bool = Field(True, description="Write checkpoints in the background (orbax async).")
+    remat: Literal["none", "full", "save_dots"] = Field(
+        "none",
+        description="Rematerialisation of each transformer block in the training loss: 'none'; 'full' = "
+        "jax.checkpoint saving only block inputs (all recomputed in the backward pass); 'save_dots' = keep the "
+        "2-D GEMM outputs, recompute attention cores and routed-expert einsums. Same results (an execution field).",
+    )
+    microbatch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences per micro-batch: the step accumulates float32 gradients over batch_size / "
+        "microbatch_size micro-batches and applies one update. None = the whole batch at once. Part of the "
+        "job's identity: capacity dispatch buffers and the 'switch' aux loss are per micro-batch.",
+    )
     eval_dispatch: Literal["dropless", "as_trained"] = Field(
         "dropless",
         description="Expert dispatch of evaluations: 'dropless' (ragged_dot, no token dropped: eval loss measures the "
         "model, not its capacity buffers, as Marin's eval_dropless metric does) or 'as_trained' (the training dispatch).",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if self.microbatch_size is None:
+            return self
+        if self.batch_size % self.microbatch_size:
+            raise ValueError(
+                f"train.batch_size={self.batch_size} is not a multiple of train.microbatch_size={self.microbatch_size}; "
+                "pick a micro-batch size that divides the batch (or None for no micro-batching)."
+            )
+        if self.mesh is not None:
+            shards = math.prod(self.mesh.values())
+            if self.microbatch_size % shards:
+                raise ValueError(
+                    f"train.microbatch_size={self.microbatch_size} does not split over the {shards} data-parallel "
+                    f"shards of train.mesh={self.mesh} (every mesh axis splits the batch); use a multiple of {shards}."
+                )
+        return self
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step (1 without micro-batching)."""
+        return self.batch_size // self.microbatch_size if self.microbatch_size else 1
 
 
 class TrainJob(Frozen):

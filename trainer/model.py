@@ -15,8 +15,11 @@ The router bias is not a parameter: it lives in ``RouterState`` (``{"bias": f32[
 changes only through ``update_router_state`` after each optimizer step, and never receives a gradient.
 
 Layers are unrolled in Python (faster than ``lax.scan`` at the depths we run on CPU, and layers may
-differ in shape when global and local layers have different KV heads). Names carry shape suffixes
-(B batch, L length, D width, H query heads, G kv heads, K head dim, V vocab).
+differ in shape when global and local layers have different KV heads). Each block is one function
+(``_block``) so that a rematerialisation policy (``remat_policy``) can wrap it in ``jax.checkpoint``:
+trading backward-pass recompute for activation memory is what lets big steps fit (the capacity plan
+models the same policies). Names carry shape suffixes (B batch, L length, D width, H query heads,
+G kv heads, K head dim, V vocab).
 """
 
 from __future__ import annotations
@@ -324,34 +327,72 @@ def cast_for_compute(params: Params, cfg: ModelConfig) -> Params:
     return jax.tree.map(lambda w, g: w if g in ("norm", "router") else w.astype(dtype), params, groups)
 
 
+REMAT_POLICIES = ("none", "full", "save_dots")
+
+
+def remat_policy(remat: str):
+    """The ``jax.checkpoint`` policy of a ``TrainConfig.remat`` value ("none" is not a policy: no checkpoint).
+
+    "full": nothing saveable, so only each block's inputs are kept and the whole block is recomputed in
+    the backward pass. "save_dots": ``dots_with_no_batch_dims_saveable``. Every projection here is a
+    2-D GEMM on [T, D] (QKV/O, dense FFN, router, shared experts, latent projections), so their
+    outputs are saved; the dots with batch dims are recomputed: the attention core ([B, G] batched,
+    the part quadratic in the context) and the routed experts' ``[E, C, F]`` einsums, which hold most
+    of an MoE layer's activations. That matches MaxText's "minimal" policy on a model whose batch
+    is flattened into the GEMMs' row dimension.
+    """
+    if remat == "full":
+        return jax.checkpoint_policies.nothing_saveable
+    if remat == "save_dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    raise ValueError(f"unknown remat {remat!r}; choose one of {REMAT_POLICIES}.")
+
+
+def _block(
+    block: dict, x_TxD: jax.Array, bias_E: jax.Array | None, *, cfg: ModelConfig, layer: int, batch: int, dispatch: str
+) -> tuple[jax.Array, dict]:
+    """One pre-norm transformer block: the unit a remat policy checkpoints."""
+    h_TxD = rms_norm(x_TxD, block["attn_norm"], cfg.norm_eps)
+    x_TxD = x_TxD + attention(block["attention"], h_TxD, batch, cfg, layer_window(cfg, layer))
+    h_TxD = rms_norm(x_TxD, block["ffn_norm"], cfg.norm_eps)
+    if bias_E is None:
+        return x_TxD + dense_ffn(block["ffn"], h_TxD), {}
+    assert cfg.moe is not None
+    y_TxD, stats = moe_lib.moe_ffn(block["ffn"], h_TxD, bias_E, cfg.moe, batch=batch, dispatch=dispatch)
+    return x_TxD + y_TxD, stats
+
+
 def forward(
-    params: Params, router_state: RouterState, tokens_BxL: jax.Array, cfg: ModelConfig, *, dispatch: str | None = None
+    params: Params,
+    router_state: RouterState,
+    tokens_BxL: jax.Array,
+    cfg: ModelConfig,
+    *,
+    dispatch: str | None = None,
+    remat: str = "none",
 ) -> tuple[jax.Array, list[dict]]:
     """Logits [B, L, V] (float32) and the per-MoE-layer router statistics.
 
-    The residual stream is kept as [T = B*L, D] so every projection is a 2-D GEMM.
+    The residual stream is kept as [T = B*L, D] so every projection is a 2-D GEMM. ``remat`` other than
+    "none" wraps each block in ``jax.checkpoint`` with ``remat_policy(remat)``: the values are the same,
+    only what the backward pass keeps versus recomputes changes (it matters only under a gradient).
     """
     dispatch = dispatch or (cfg.moe.dispatch if cfg.moe else "dense")
+    policy = None if remat == "none" else remat_policy(remat)
     params = cast_for_compute(params, cfg)
     batch, length = tokens_BxL.shape
     x_TxD = params["embed"][tokens_BxL.reshape(-1)]
     layer_stats = []
     moe_index = 0
     for i in range(cfg.num_layers):
-        block = params["blocks"][f"{i:03d}"]
-        h_TxD = rms_norm(x_TxD, block["attn_norm"], cfg.norm_eps)
-        x_TxD = x_TxD + attention(block["attention"], h_TxD, batch, cfg, layer_window(cfg, i))
-        h_TxD = rms_norm(x_TxD, block["ffn_norm"], cfg.norm_eps)
+        block_fn = functools.partial(_block, cfg=cfg, layer=i, batch=batch, dispatch=dispatch)
+        if policy is not None:
+            block_fn = jax.checkpoint(block_fn, policy=policy)
+        bias_E = router_state["bias"][moe_index] if cfg.is_moe_layer(i) else None
+        x_TxD, stats = block_fn(params["blocks"][f"{i:03d}"], x_TxD, bias_E)
         if cfg.is_moe_layer(i):
-            assert cfg.moe is not None
-            y_TxD, stats = moe_lib.moe_ffn(
-                block["ffn"], h_TxD, router_state["bias"][moe_index], cfg.moe, batch=batch, dispatch=dispatch
-            )
             layer_stats.append(stats)
             moe_index += 1
-        else:
-            y_TxD = dense_ffn(block["ffn"], h_TxD)
-        x_TxD = x_TxD + y_TxD
     x_TxD = rms_norm(x_TxD, params["final_norm"], cfg.norm_eps)
     x_TxD = x_TxD.astype(params["embed"].dtype)
     head_DxV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
@@ -378,19 +419,25 @@ def _router_aux(layer_stats: list[dict], cfg: ModelConfig, num_tokens: int) -> d
         return jnp.mean(jnp.stack([s[name] for s in layer_stats]))
 
     counts_NxE = jnp.stack([s["expert_counts"] for s in layer_stats])
-    uniform_load = num_tokens * cfg.moe.top_k / cfg.moe.num_experts
     router_stats = {"expert_counts": counts_NxE}
     if "qb_bias" in layer_stats[0]:
         router_stats["qb_bias"] = jnp.stack([s["qb_bias"] for s in layer_stats])
+        router_stats["qb_required_bias"] = jnp.stack([s["qb_required_bias"] for s in layer_stats])
     return {
         "router_aux_loss": mean_over_layers("router_aux_loss"),
         "router_z_loss": mean_over_layers("router_z_loss"),
         "drop_fraction": mean_over_layers("drop_fraction"),
         "routing_entropy": mean_over_layers("routing_entropy"),
-        "expert_load_min": jnp.min(counts_NxE) / uniform_load,
-        "expert_load_max": jnp.max(counts_NxE) / uniform_load,
+        **expert_load_extremes(counts_NxE, num_tokens, cfg),
         "router_stats": router_stats,
     }
+
+
+def expert_load_extremes(counts_NxE: jax.Array, num_tokens: int, cfg: ModelConfig) -> dict[str, jax.Array]:
+    """Least and most loaded expert (over all MoE layers) as a multiple of the uniform load T*k/E."""
+    assert cfg.moe is not None
+    uniform_load = num_tokens * cfg.moe.top_k / cfg.moe.num_experts
+    return {"expert_load_min": jnp.min(counts_NxE) / uniform_load, "expert_load_max": jnp.max(counts_NxE) / uniform_load}
 
 
 def loss_fn(
@@ -400,15 +447,16 @@ def loss_fn(
     cfg: ModelConfig,
     *,
     dispatch: str | None = None,
+    remat: str = "none",
 ) -> tuple[jax.Array, dict]:
-    """Training loss and its parts.
+    """Training loss and its parts (``remat``: see ``forward``; the training step passes TrainConfig.remat).
 
     loss = CE + logit_z_loss_weight * mean(logsumexp(logits)^2)
               + aux_loss_weight * router_aux_loss + router_z_loss_weight * router_z_loss,
     where the router terms are means over MoE layers (so a weight means the same at any depth).
     """
     inputs_BxL, targets_BxL = batch_BxL1[:, :-1], batch_BxL1[:, 1:]
-    logits_BxLxV, layer_stats = forward(params, router_state, inputs_BxL, cfg, dispatch=dispatch)
+    logits_BxLxV, layer_stats = forward(params, router_state, inputs_BxL, cfg, dispatch=dispatch, remat=remat)
     lse_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1)
     target_logits_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
     lm_loss = jnp.mean(lse_BxL - target_logits_BxL)

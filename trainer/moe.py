@@ -38,6 +38,9 @@ class Routing(NamedTuple):
     scores_TxE: jax.Array  # f32 router scores (sigmoid or softmax of the logits)
     logits_TxE: jax.Array  # f32 router logits
     qb_bias_E: jax.Array | None  # quantile-balancing target bias for the next step (balancing="quantile")
+    # The per-token input of that target (balancing="quantile"): micro-batched steps concatenate it over
+    # micro-batches and take the quantile of the whole batch, exactly as an un-split step does.
+    qb_required_bias_TxE: jax.Array | None = None
 
 
 # ------------------------------------------------------------------------------------------
@@ -70,7 +73,7 @@ def route(logits_TxE: jax.Array, bias_E: jax.Array, cfg: MoEConfig) -> Routing:
     k = cfg.top_k
     scores_TxE = router_scores(logits_TxE, cfg.router_score)
     biased_TxE = scores_TxE + jax.lax.stop_gradient(bias_E.astype(jnp.float32))
-    qb_bias_E = None
+    qb_bias_E = required_bias_TxE = None
     if cfg.balancing == "quantile":
         top_vals_TxK1, top_ids_TxK1 = jax.lax.top_k(biased_TxE, k + 1)
         expert_ids_TxK = top_ids_TxK1[:, :k]
@@ -83,7 +86,7 @@ def route(logits_TxE: jax.Array, bias_E: jax.Array, cfg: MoEConfig) -> Routing:
     if cfg.normalize_weights:
         weights_TxK = weights_TxK / (jnp.sum(weights_TxK, axis=-1, keepdims=True) + 1e-20)
     weights_TxK = weights_TxK * cfg.route_scale
-    return Routing(expert_ids_TxK.astype(jnp.int32), weights_TxK, scores_TxE, logits_TxE, qb_bias_E)
+    return Routing(expert_ids_TxK.astype(jnp.int32), weights_TxK, scores_TxE, logits_TxE, qb_bias_E, required_bias_TxE)
 
 
 def quantile_balancing_bias(
@@ -350,6 +353,7 @@ def moe_ffn(
     }
     if routing.qb_bias_E is not None:
         stats["qb_bias"] = routing.qb_bias_E
+        stats["qb_required_bias"] = routing.qb_required_bias_TxE
     return y_TxD, stats
 
 

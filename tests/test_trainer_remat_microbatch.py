@@ -1,0 +1,329 @@
+"""Remat policies and micro-batching in the train step: same numbers, less XLA temp memory.
+
+- ``TrainConfig.remat`` ("full", "save_dots") leaves loss and gradients equal to no remat (dense and MoE)
+  and lowers the compiled step's ``memory_analysis().temp_size_in_bytes``.
+- ``TrainConfig.microbatch_size`` = batch / 4 gives the whole batch's loss, gradients, updated params and
+  router-bias update (dense; MoE with dropless dispatch; sign-rule and quantile balancing); with
+  capacity dispatch the step is the mean over micro-batches that each have their own buffers.
+- Micro-batches keep each device's rows on that device (8 fake CPU devices, in a subprocess).
+- ``trainer.train`` runs a job with both set, checkpoints it and resumes it exactly.
+
+Remat is compiled with ``step.xla_compiler_options`` as the loop should (XLA:CPU otherwise undoes it,
+see that function). Shapes are tiny so each test takes seconds on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trainer import model, optim
+from trainer import step as step_lib
+from trainer.config import (
+    DataConfig,
+    MixturePhase,
+    ModelConfig,
+    MoEConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    SourceConfig,
+    TrainConfig,
+    TrainJob,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH = 8
+
+DENSE = None
+MOE_RAGGED = MoEConfig(num_experts=4, top_k=2, expert_dim=16, dispatch="ragged", num_shared_experts=1, num_dense_layers=1)
+MOE_QUANTILE = MoEConfig(num_experts=4, top_k=2, expert_dim=16, dispatch="ragged", balancing="quantile")
+MOE_QUANTILE_BINS = MoEConfig(num_experts=4, top_k=2, expert_dim=16, dispatch="dense", balancing="quantile", quantile_bins=64)
+MOE_CAPACITY = MoEConfig(num_experts=4, top_k=2, expert_dim=16, capacity_factor=1.0)
+MOE_SWITCH = MoEConfig(num_experts=4, top_k=2, expert_dim=16, dispatch="ragged", aux_loss="switch", aux_loss_weight=0.5)
+
+
+def make_job(moe: MoEConfig | None = DENSE, *, layers: int = 3, hidden: int = 32, seq: int = 16, batch: int = BATCH,
+             **train) -> TrainJob:
+    # Adam's epsilon is 1e-3 here: its first update is g / (|g| + eps), which for gradients near zero
+    # turns float-rounding differences of 1e-9 into visible parameter differences at eps = 1e-8.
+    return TrainJob(
+        model=ModelConfig(hidden_dim=hidden, num_layers=layers, num_heads=4, num_kv_heads=2, seq_len=seq, moe=moe),
+        data=DataConfig(sources=[SourceConfig(name="code", kind="stdlib_code")], phases=[MixturePhase(weights={"code": 1.0})]),
+        optimizer=OptimizerConfig(learning_rate=1e-2, epsilon=1e-3, schedule=ScheduleConfig(kind="constant", warmup=0)),
+        train=TrainConfig(tokens=batch * seq * 10, batch_size=batch, **train),
+    )
+
+
+def with_train(job: TrainJob, **train) -> TrainJob:
+    return job.model_copy(update={"train": TrainConfig(**{**job.train.model_dump(), **train})})
+
+
+def random_batch(job: TrainJob, seed: int = 1) -> jax.Array:
+    return jax.random.randint(jax.random.key(seed), (job.train.batch_size, job.model.seq_len + 1), 0, job.model.vocab_size)
+
+
+def init_state(job: TrainJob):
+    cfg = job.model
+    params = model.init_params(cfg, jax.random.key(0))
+    groups = model.param_groups(params)
+    optimizer = optim.build_optimizer(job.optimizer, params, groups)
+    state = {
+        "step": jnp.zeros((), jnp.int32),
+        "params": params,
+        "opt_state": optimizer.init(params),
+        "router_state": model.init_router_state(cfg),
+    }
+    if cfg.moe is not None:  # a non-zero bias, so that selection depends on it
+        state["router_state"] = {"bias": 0.01 * jax.random.normal(jax.random.key(7), state["router_state"]["bias"].shape)}
+    return state, optimizer, groups
+
+
+def loss_and_grads(job: TrainJob, state, batch):
+    fn = jax.jit(step_lib.make_loss_and_grads(job, model), compiler_options=step_lib.xla_compiler_options(job, "cpu"))
+    return fn(state["params"], state["router_state"], batch, jnp.float32(1.0))
+
+
+def train_step(job: TrainJob, state, batch):
+    _, optimizer, groups = init_state(job)
+    fn = jax.jit(step_lib.make_train_step(job, model, optimizer, groups),
+                 compiler_options=step_lib.xla_compiler_options(job, "cpu"))
+    return fn(state, batch, jnp.bool_(False), jnp.float32(1.0))
+
+
+def assert_trees_close(a, b, *, rtol: float, atol: float) -> None:
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b)
+    for x, y in zip(leaves_a, leaves_b):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def temp_bytes(job: TrainJob) -> int:
+    """XLA's scratch memory of the compiled train step (what remat and micro-batching shrink)."""
+    state, optimizer, groups = init_state(job)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    fn = jax.jit(step_lib.make_train_step(job, model, optimizer, groups),
+                 compiler_options=step_lib.xla_compiler_options(job, "cpu"))
+    batch = jax.ShapeDtypeStruct((job.train.batch_size, job.model.seq_len + 1), jnp.int32)
+    compiled = fn.lower(abstract, batch, jax.ShapeDtypeStruct((), jnp.bool_), jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+# --------------------------------------------------------------------------------------------
+# Remat
+
+
+@pytest.mark.parametrize("remat", ["full", "save_dots"])
+@pytest.mark.parametrize("moe", [DENSE, MOE_RAGGED, MOE_CAPACITY], ids=["dense", "moe-ragged", "moe-capacity"])
+def test_remat_leaves_loss_and_grads_unchanged(moe, remat):
+    job = make_job(moe)
+    state, _, _ = init_state(job)
+    batch = random_batch(job)
+    (loss, aux), grads = loss_and_grads(job, state, batch)
+    (loss_r, aux_r), grads_r = loss_and_grads(with_train(job, remat=remat), state, batch)
+    assert float(loss_r) == pytest.approx(float(loss), rel=1e-6)
+    assert_trees_close(grads_r, grads, rtol=1e-5, atol=1e-7)
+    if moe is not None:
+        np.testing.assert_array_equal(aux_r["router_stats"]["expert_counts"], aux["router_stats"]["expert_counts"])
+        assert float(aux_r["drop_fraction"]) == float(aux["drop_fraction"])
+
+
+def test_remat_is_an_execution_field_and_microbatch_size_is_identity():
+    assert "remat" in TrainConfig.EXECUTION_FIELDS
+    assert "microbatch_size" not in TrainConfig.EXECUTION_FIELDS
+
+
+@pytest.mark.parametrize("moe", [DENSE, MoEConfig(num_experts=4, top_k=2, expert_dim=64)], ids=["dense", "moe"])
+def test_full_remat_lowers_xla_temp_memory(moe):
+    """4 blocks of [1024 tokens x 64] with their attention and FFN activations: without remat the
+    backward keeps every block's intermediates; with "full" only block inputs and one block's recompute."""
+    job = make_job(moe, layers=4, hidden=64, seq=128)
+    sizes = {remat: temp_bytes(with_train(job, remat=remat)) for remat in ("none", "save_dots", "full")}
+    print(f"temp bytes ({'moe' if moe else 'dense'}): {sizes}")
+    assert sizes["full"] < 0.5 * sizes["none"]
+    assert sizes["full"] < sizes["save_dots"] < sizes["none"]
+
+
+def test_unknown_remat_is_rejected():
+    with pytest.raises(ValueError, match="remat"):
+        model.remat_policy("everything")
+    with pytest.raises(ValueError):
+        TrainConfig(tokens=100, batch_size=1, remat="everything")
+
+
+# --------------------------------------------------------------------------------------------
+# Micro-batching
+
+
+@pytest.mark.parametrize(
+    "moe",
+    [DENSE, MOE_RAGGED, MOE_QUANTILE, MOE_QUANTILE_BINS],
+    ids=["dense", "moe-ragged-sign-rule", "moe-ragged-quantile", "moe-dense-quantile-histogram"],
+)
+def test_microbatches_give_the_whole_batch_step(moe):
+    job = make_job(moe)
+    micro = with_train(job, microbatch_size=BATCH // 4)
+    state, _, _ = init_state(job)
+    batch = random_batch(job)
+
+    (loss, aux), grads = loss_and_grads(job, state, batch)
+    (loss_m, aux_m), grads_m = loss_and_grads(micro, state, batch)
+    assert float(loss_m) == pytest.approx(float(loss), rel=1e-6)
+    assert_trees_close(grads_m, grads, rtol=1e-5, atol=1e-7)
+    for key in ("lm_loss", "logit_z_loss", "router_z_loss", "routing_entropy", "expert_load_min", "expert_load_max"):
+        assert float(aux_m[key]) == pytest.approx(float(aux[key]), rel=1e-6, abs=1e-7), key
+
+    new, metrics = train_step(job, state, batch)
+    new_m, metrics_m = train_step(micro, state, batch)
+    assert_trees_close(new_m["params"], new["params"], rtol=1e-5, atol=1e-6)
+    assert_trees_close(new_m["opt_state"], new["opt_state"], rtol=1e-5, atol=1e-8)
+    for key in metrics:
+        assert float(metrics_m[key]) == pytest.approx(float(metrics[key]), rel=1e-5, abs=1e-7), key
+    if moe is not None:
+        np.testing.assert_array_equal(aux_m["router_stats"]["expert_counts"], aux["router_stats"]["expert_counts"])
+        moved = np.abs(np.asarray(new["router_state"]["bias"]) - np.asarray(state["router_state"]["bias"])).max()
+        assert moved > 5e-4  # the bias update did something (gamma = 1e-3), and the micro-batched one did the same
+        if moe.balancing == "bias":  # integer counts -> the very same sign-rule step
+            np.testing.assert_array_equal(new_m["router_state"]["bias"], new["router_state"]["bias"])
+        else:  # quantile of the same per-token values, up to float rounding of the router GEMM
+            np.testing.assert_allclose(new_m["router_state"]["bias"], new["router_state"]["bias"], atol=1e-6)
+
+
+def _rows_of_microbatch(batch: jax.Array, index: int, count: int) -> jax.Array:
+    return batch[index::count]
+
+
+@pytest.mark.parametrize("moe", [MOE_CAPACITY, MOE_SWITCH], ids=["capacity-dispatch", "switch-aux-loss"])
+def test_batch_level_moe_terms_are_per_microbatch(moe):
+    """Capacity buffers and the Switch aux loss depend on the whole batch: micro-batched, the step is the
+    mean over micro-batches (rows i, i+4, ...) each computed on its own, which differs from one batch."""
+    job = make_job(moe)
+    micro = with_train(job, microbatch_size=BATCH // 4)
+    state, _, _ = init_state(job)
+    batch = random_batch(job)
+    (loss, aux), _ = loss_and_grads(job, state, batch)
+    (loss_m, aux_m), grads_m = loss_and_grads(micro, state, batch)
+    parts = [loss_and_grads(make_job(moe, batch=BATCH // 4), state, _rows_of_microbatch(batch, i, 4)) for i in range(4)]
+    assert float(loss_m) == pytest.approx(np.mean([float(p[0][0]) for p in parts]), rel=1e-6)
+    assert_trees_close(grads_m, jax.tree.map(lambda *g: sum(g) / 4, *[p[1] for p in parts]), rtol=1e-5, atol=1e-7)
+    if moe.dispatch == "capacity":
+        assert float(aux_m["drop_fraction"]) == pytest.approx(np.mean([float(p[0][1]["drop_fraction"]) for p in parts]))
+        assert float(aux_m["drop_fraction"]) != pytest.approx(float(aux["drop_fraction"]))
+    else:
+        assert float(aux_m["router_aux_loss"]) != pytest.approx(float(aux["router_aux_loss"]), rel=1e-4)
+
+
+def test_microbatching_lowers_xla_temp_memory():
+    job = make_job(DENSE, layers=4, hidden=64, seq=128)
+    sizes = {n: temp_bytes(with_train(job, microbatch_size=BATCH // n)) if n > 1 else temp_bytes(job) for n in (1, 4)}
+    sizes["4+full"] = temp_bytes(with_train(job, microbatch_size=BATCH // 4, remat="full"))
+    print(f"temp bytes by micro-batches: {sizes}")
+    assert sizes[4] < 0.5 * sizes[1]
+    assert sizes["4+full"] < sizes[4]
+
+
+def test_microbatch_size_must_divide_the_batch_and_the_mesh():
+    with pytest.raises(ValueError, match="not a multiple of train.microbatch_size"):
+        TrainConfig(tokens=1000, batch_size=8, microbatch_size=3)
+    with pytest.raises(ValueError, match="data-parallel"):
+        TrainConfig(tokens=1000, batch_size=16, microbatch_size=2, mesh={"data": 4})
+    assert TrainConfig(tokens=1000, batch_size=16, microbatch_size=4, mesh={"data": 4}).num_microbatches == 4
+    assert TrainConfig(tokens=1000, batch_size=16).num_microbatches == 1
+
+
+SHARDED_SCRIPT = textwrap.dedent(
+    """
+    import json, re, sys
+    import jax
+    jax.config.update("jax_num_cpu_devices", 8)
+    import jax.numpy as jnp
+    from tests.test_trainer_remat_microbatch import MOE_RAGGED, make_job, random_batch, with_train, init_state
+    from trainer import model, sharding, step as step_lib
+
+    whole = make_job(MOE_RAGGED, batch=16, mesh={"data": 4, "expert": 2})
+    micro = with_train(whole, microbatch_size=8)  # 2 micro-batches, 1 row per device each
+    state, _, _ = init_state(whole)
+    params, router_state = state["params"], state["router_state"]
+    batch = random_batch(whole)
+    ref = jax.jit(step_lib.make_loss_and_grads(make_job(MOE_RAGGED, batch=16), model))(params, router_state, batch, 1.0)
+    mesh = sharding.make_mesh(whole.train.mesh)
+    p_sh, rep, b_sh = sharding.param_shardings(params, whole.model, mesh), sharding.replicated(mesh), sharding.batch_sharding(mesh)
+    out = {"devices": jax.device_count()}
+    for name, job in (("whole", whole), ("micro", micro)):
+        fn = jax.jit(step_lib.make_loss_and_grads(job, model), in_shardings=(p_sh, rep, b_sh, rep))
+        compiled = fn.lower(params, router_state, batch, 1.0).compile()
+        hlo = compiled.as_text()
+        (loss, aux), grads = compiled(jax.device_put(params, p_sh), jax.device_put(router_state, rep),
+                                      jax.device_put(batch, b_sh), jnp.float32(1.0))
+        diffs = [float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref[1]))]
+        out[name] = {
+            "loss": float(loss), "ref_loss": float(ref[0][0]), "max_grad_diff": max(diffs),
+            "collectives": {op: len(re.findall(r"\\b" + op + r"(-start)?\\(", hlo))
+                            for op in ("all-to-all", "collective-permute", "all-gather", "all-reduce", "reduce-scatter")},
+            "expert_grad_spec": [str(a) for a in grads["blocks"]["001"]["ffn"]["experts"]["w_up"].sharding.spec],
+        }
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def test_microbatches_stay_on_their_devices_on_an_8_device_mesh():
+    """On a data x expert mesh of 8 fake CPU devices the micro-batched step compiles to the same
+    collectives as the whole-batch step (no all-to-all or permute moves a row: each device's rows are
+    split in place), keeps expert gradients expert-sharded, and matches the single-device values."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert out["devices"] == 8
+    whole, micro = out["whole"], out["micro"]
+    assert micro["collectives"] == whole["collectives"], (micro["collectives"], whole["collectives"])
+    assert micro["collectives"]["all-to-all"] == 0 and micro["collectives"]["collective-permute"] == 0
+    for r in (whole, micro):
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+        assert r["max_grad_diff"] < 1e-5
+        assert r["expert_grad_spec"][0] == "expert"
+
+
+# --------------------------------------------------------------------------------------------
+# End to end through trainer.train
+
+
+def test_train_with_full_remat_and_microbatches_checkpoints_and_resumes_exactly(tmp_path, monkeypatch):
+    from trainer.loop import default_compilation_cache_dir, train
+    from trainer.metrics import read_metrics
+
+    monkeypatch.setenv("LADDER_CACHE_DIR", str(tmp_path / "cache"))
+    steps = 6
+    job = make_job(MOE_RAGGED, layers=2, seq=32)
+    job = job.model_copy(update={
+        "data": job.data.model_copy(update={"max_tokens_per_source": 50_000}),
+        "train": TrainConfig(tokens=steps * BATCH * 32, batch_size=BATCH, remat="full", microbatch_size=BATCH // 4,
+                             log_every=1, eval_every=3, eval_batches=1, checkpoint_every=2, wandb="disabled",
+                             progress=False, compilation_cache_dir=default_compilation_cache_dir()),
+    })
+
+    def losses(run_dir):
+        rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+        return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+    straight = train(job, str(tmp_path / "straight"))
+    assert straight.completed and straight.steps == steps and np.isfinite(straight.final_train_loss)
+    assert sorted(os.listdir(tmp_path / "straight" / "checkpoints"))  # checkpoints were written
+
+    calls = iter(range(100))
+    stopped = train(job, str(tmp_path / "resumed"), should_stop=lambda: next(calls) >= 3)
+    assert not stopped.completed and stopped.steps == 3
+    resumed = train(job, str(tmp_path / "resumed"))
+    assert resumed.completed and resumed.resumed_from_step == 3
+    assert losses(str(tmp_path / "resumed")) == losses(str(tmp_path / "straight"))
+    first, last = losses(str(tmp_path / "straight"))[1], losses(str(tmp_path / "straight"))[steps]
+    assert last < first
