@@ -19,8 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ladder.fitting import store_forecast
 from ladder.gang import GangError, bundle_of, hosts_that_fit, placement_strategy, run_gang, uses_gang
 from ladder.spec import ResourceSpec
+from ladder.store import Store
+from tests.test_ladder_overlay import _forecast, _target
 from tests.test_ladder_multinode import _env, two_node_cluster  # noqa: F401 - the fixture is used below
 from trainer.metrics import read_metrics
 
@@ -156,6 +159,7 @@ def test_two_processes_give_the_losses_of_one_process_on_embedded_ray(tmp_path, 
     processes (as on a real cluster, where experts stay inside a host's fast domain) and with expert 8 the
     expert axis does (its dispatch and gradient reductions go through gloo)."""
     experiment, root = _experiment(tmp_path, num_steps=12, mesh=mesh, experts=experts), tmp_path / "root"
+    store_forecast(Store(str(root)), _forecast(_target("two-process")), meta={})  # rank 0 must attach the overlay
     result = subprocess.run(
         [sys.executable, "-m", "ladder.cli", "submit", str(experiment), "--root", str(root)],
         capture_output=True, text=True, timeout=600, cwd=REPO,
@@ -167,6 +171,9 @@ def test_two_processes_give_the_losses_of_one_process_on_embedded_ray(tmp_path, 
     np.testing.assert_allclose([two_losses[s] for s in range(1, 13)], [one_losses[s] for s in range(1, 13)], rtol=1e-5)
     rows = read_metrics(str(two / "metrics.jsonl"), raw=True)
     assert len([r for r in rows if "train/loss" in r]) == 12  # written once, by process 0
+    evals = [r for r in rows if "eval/loss" in r]
+    assert len(evals) == 2 and all(r["forecast/version"] == 1 and r["forecast/lo"] < r["forecast/hi"] for r in evals)
+    assert not any("forecast/loss" in r for r in read_metrics(str(one / "metrics.jsonl"), raw=True))
     throughput = [r for r in rows if "throughput/host1/tokens_per_second" in r]
     assert throughput and all(r["throughput/host0/tokens_per_second"] > 0 for r in throughput)
     attempts = [json.loads(line) for line in (two / "gang" / "attempts.jsonl").read_text().splitlines()]
