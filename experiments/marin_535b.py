@@ -260,6 +260,9 @@ def marin_run(name: str, shape: tuple, *, hero: bool) -> TrainStep:
             "phase_1_start_step": str(switch),
             "muonh_lr_as_run": f"{min(MAX_LR, MUONH_LR_MULTIPLIER * lr):.10g}",
             "mixture": "hero: PR #8452 PI weights" if hero else "ladder: harrier 2026.08.17.1",
+            # Marin's memory policy (reference §2-3): bf16 params on device, fp32 master on pinned host, optimizer
+            # state offloaded, remat recompute_all; `ladder plan` also prints what our trainer's own policy needs
+            "memory_policy": "marin",
         },
         accounting="marin",
     )

@@ -73,39 +73,127 @@ def _fmt(value: float | None, unit: str = "") -> str:
 STATE_STYLE = {"done": "green", "running": "cyan", "failed": "red", "pending": "yellow", "blocked": "magenta"}
 
 
-def _accelerator_hours(step, mfu: float) -> float | None:
+def _capacity_rows(exp: Experiment, names: list[str], **options: Any) -> dict[str, Any]:
+    """The capacity plan (ladder.capacity) of every training step among `names`."""
+    from ladder.capacity import capacity_row
     from ladder.dag import TrainStep
 
-    if not isinstance(step, TrainStep) or not step.spec.resources.accelerator_type:
-        return None
-    from trainer import accounting
+    rows = {}
+    for name in names:
+        step = exp.dag[name]
+        if isinstance(step, TrainStep):
+            try:
+                rows[name] = capacity_row(name, step.spec, **options)
+            except ValueError as error:
+                _fail(f"capacity plan of step {name!r}: {error}")
+    return rows
 
-    try:
-        peak = accounting.peak_flops_per_second(step.spec.resources.accelerator_type)
-    except (KeyError, ValueError):
-        return None
-    return step.flops / (peak * mfu) / 3600.0
+
+def _gb(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e9:,.1f}"
+
+
+def _print_capacity(rows: dict[str, Any]) -> None:
+    """A table of the capacity plan, then the assumptions: the ones shared by every step once, the rest per step."""
+    from ladder.capacity import fit_verdict
+
+    if not rows:
+        return
+    priced = any(r.cost_usd is not None for r in rows.values())
+    table = Table(title="capacity plan (memory per device in GB; time at the stated MFU)")
+    columns = ["step", "devices", "mesh", "policy", "remat", "params", "optim", "grads", "weights", "activ",
+               "total", "HBM", "fit", "step s", "wall days", "accel-h"] + (["cost USD"] if priced else [])
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for name, r in rows.items():
+        parts = r.memory.parts
+        cells = [
+            name,
+            f"{r.devices:,} {r.accelerator or ''}".strip(),
+            " x ".join(f"{k}={v}" for k, v in r.mesh.items()),
+            r.memory.policy,
+            r.memory.remat,
+            _gb(parts["params"] + parts["master_params"]),
+            _gb(parts["optimizer_state"]),
+            _gb(parts["gradients"]),
+            _gb(parts["compute_weights"]),
+            _gb(parts["activations"]),
+            _gb(r.memory.total),
+            _gb(r.hbm_bytes),
+            fit_verdict(r.memory, r.hbm_bytes),
+            _fmt(r.step_seconds),
+            "-" if r.wall_days is None else f"{r.wall_days:,.1f}" if r.wall_days >= 10 else f"{r.wall_days:.2g}",
+            "-" if r.accelerator_hours is None else f"{r.accelerator_hours:,.0f}",
+        ]
+        if priced:
+            cells.append("-" if r.cost_usd is None else f"{r.cost_usd:,.0f}")
+        table.add_row(*cells)
+    console.print(table)
+    shared = set.intersection(*(set(r.assumptions) for r in rows.values()))
+    console.print("[bold]assumptions[/bold]")
+    first = next(iter(rows.values()))
+    for line in first.assumptions:
+        if line in shared:
+            console.print(f"  - {line}")
+    for name, r in rows.items():
+        own = [line for line in r.assumptions if line not in shared]
+        if r.memory_trainer is not None:
+            own.append(
+                f"under the trainer's own policy: {_gb(r.memory_trainer.total)} GB per device, "
+                f"{fit_verdict(r.memory_trainer, r.hbm_bytes)} (remat '{r.memory_trainer.remat}')"
+            )
+        if r.host_fits is not None:
+            own.append(
+                f"host memory: {_gb(r.host_offload_bytes_per_host)} GB offloaded per host against "
+                f"{_gb(r.host_memory_bytes)} GB ({'fits' if r.host_fits else 'does not fit'})"
+            )
+        own += r.memory.notes
+        for line in own:
+            console.print(f"  - {name}: {line}")
 
 
 @app.command()
 def plan(
     experiment: str = typer.Argument(..., help="Experiment file (experiments/foo.py) or module (experiments.foo)."),
     root: Optional[str] = RootOption,
-    mfu: float = typer.Option(0.4, help="Model FLOPs utilisation assumed for accelerator-hour estimates."),
+    mfu: float = typer.Option(0.4, help="Model FLOPs utilisation assumed for step time, wall time and accelerator-hours."),
+    price_per_hour: Optional[float] = typer.Option(
+        None, "--price-per-hour", help="USD per accelerator-hour; adds a cost column (there is no default price)."
+    ),
+    accelerator: Optional[str] = typer.Option(
+        None, "--accelerator", help="Accelerator for every step's capacity plan (H100, H200, GB200, TPU-V4, TPU-V5P, "
+        "TPU-V6E), overriding resources.accelerator_type."
+    ),
+    memory_policy: Optional[str] = typer.Option(
+        None, "--memory-policy", help="Memory policy for every step: 'trainer', 'marin' or a MemoryPolicy as JSON "
+        "(default: the spec's 'memory_policy' tag, else 'trainer')."
+    ),
+    hbm_headroom: float = typer.Option(
+        0.10, "--hbm-headroom", help="Fraction of HBM held back for the runtime, fragmentation and compiler scratch."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
-    """Show every step's state, output path, FLOPs and estimated accelerator-hours. Runs nothing, writes nothing."""
+    """Show every step's state, output path, FLOPs, and the capacity plan of every training step: memory per
+    device, whether it fits, step and wall time at --mfu, accelerator-hours and cost. Runs nothing, writes nothing."""
     from ladder.executor import plan as make_plan
 
+    if not 0 < mfu <= 1:
+        _fail(f"--mfu {mfu} must be a fraction in (0, 1], e.g. 0.4.")
     exp = _load(experiment)
     store = _store(root)
     rows = make_plan(exp.dag, store)
-    hours = {row.name: _accelerator_hours(exp.dag[row.name], mfu) for row in rows}
+    capacity = _capacity_rows(
+        exp, [r.name for r in rows], mfu=mfu, price_per_hour=price_per_hour, accelerator=accelerator,
+        memory_policy=memory_policy, headroom=hbm_headroom,
+    )
+    hours = {r.name: capacity[r.name].accelerator_hours if r.name in capacity else None for r in rows}
     if as_json:
-        print(json.dumps({"experiment": exp.ref, "root": store.url, "mfu": mfu, "steps": [
+        print(json.dumps({"experiment": exp.ref, "root": store.url, "mfu": mfu, "price_per_hour": price_per_hour,
+                          "hbm_headroom": hbm_headroom, "steps": [
             {"name": r.name, "kind": r.kind, "state": r.state, "detail": r.detail, "path": r.path, "fingerprint": r.fingerprint,
              "flops": r.flops, "accelerator_hours": hours[r.name], "waits_for": list(r.waits_for),
-             **({"derived": exp.dag[r.name].derived.model_dump()} if r.kind == "train" else {})}
+             **({"derived": exp.dag[r.name].derived.model_dump()} if r.kind == "train" else {}),
+             **({"capacity": capacity[r.name].model_dump(mode="json")} if r.name in capacity else {})}
             for r in rows]}, indent=2))
         return
     table = Table(title=f"{exp.ref}  ({len(rows)} steps, root {store.url})")
@@ -128,6 +216,7 @@ def plan(
             row.path,
         )
     console.print(table)
+    _print_capacity(capacity)
 
 
 @app.command()

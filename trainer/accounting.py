@@ -230,6 +230,16 @@ PEAK_BF16_FLOPS: dict[str, float] = {
     "tpu v6e": 918e12,  # Google Cloud TPU v6e (Trillium) docs: 918 TFLOPS bf16 per chip
 }
 
+# Memory (HBM) per chip in bytes, from the vendors' pages (GB = 1e9 bytes, GiB = 2**30):
+HBM_BYTES: dict[str, float] = {
+    "h100": 80e9,  # NVIDIA H100 SXM datasheet: 80 GB HBM3
+    "h200": 141e9,  # NVIDIA H200 datasheet: 141 GB HBM3e at 4.8 TB/s
+    "gb200": 13.4e12 / 72,  # NVIDIA GB200 NVL72 page: up to 13.4 TB HBM3e over 72 Blackwell GPUs -> 186 GB each
+    "tpu v4": 32 * 2**30,  # Google Cloud TPU v4 docs: 32 GiB HBM2 per chip
+    "tpu v5p": 95e9,  # Google Cloud TPU v5p docs (cloud.google.com/tpu/docs/v5p): "HBM2e capacity 95 GB, 2765 GBps"
+    "tpu v6e": 32e9,  # Google Cloud TPU v6e (Trillium) docs: 32 GB HBM per chip
+}
+
 # jax `device_kind` strings and common spellings -> table keys.
 _ALIASES = {
     "nvidia h100": "h100", "h100 80gb hbm3": "h100", "nvidia h100 80gb hbm3": "h100", "h100-sxm": "h100",
@@ -312,3 +322,12 @@ def peak_flops_per_second(accelerator: str | None) -> float:
 def mfu(cfg: ModelConfig, tokens_per_second: float, peak: float, *, num_chips: int = 1) -> float:
     """Model FLOPs utilisation as a fraction: 3 x forward FLOPs/token x tokens/s over the chips' peak."""
     return train_flops(cfg, 1) * tokens_per_second / (peak * num_chips)
+
+
+def hbm_bytes(accelerator: str) -> float:
+    """HBM per chip (``HBM_BYTES``) of a known accelerator, by any spelling ``peak_flops_per_second`` accepts
+    and Ray's hyphenated accelerator types ("TPU-V5P")."""
+    key = _accelerator_key(accelerator) or _accelerator_key(accelerator.replace("-", " "))
+    if key is None:
+        raise ValueError(f"no HBM size known for accelerator {accelerator!r}; known: {sorted(HBM_BYTES)}.")
+    return HBM_BYTES[key]

@@ -1,0 +1,278 @@
+"""Capacity plan: per-device memory from the trainer's real sharding rules, an activation model held
+against JAX's saved residuals and XLA's compiled memory, the HBM table, and Marin's hero on 704 GB200s."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ladder.capacity import capacity_row
+from ladder.cli import app
+from ladder.loader import load_experiment
+from trainer import accounting, memory, model
+from trainer.config import ModelConfig, MoEConfig, TrainConfig, TrainJob
+from trainer.data import stdlib_data_config
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+TRAINER_HAS_REMAT = "remat" in inspect.signature(model.loss_fn).parameters
+
+
+def small_moe(**overrides) -> ModelConfig:
+    fields = dict(vocab_size=512, hidden_dim=128, num_layers=4, num_heads=4, num_kv_heads=2, sliding_window=64,
+                  seq_len=256, moe=MoEConfig(num_experts=8, top_k=2, expert_dim=64, num_shared_experts=1, latent_dim=64,
+                                             num_dense_layers=1))
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def job_of(cfg: ModelConfig, batch: int = 16, **train) -> TrainJob:
+    return TrainJob(model=cfg, data=stdlib_data_config(), train=TrainConfig(tokens=batch * cfg.seq_len * 10,
+                                                                            batch_size=batch, **train))
+
+
+# ------------------------------------------------------------------------------------------
+# Tables and the state half (exact)
+
+
+def test_hbm_table_has_the_vendor_sizes_by_any_spelling():
+    assert accounting.hbm_bytes("H100") == 80e9
+    assert accounting.hbm_bytes("NVIDIA H200") == 141e9
+    assert accounting.hbm_bytes("GB200") == pytest.approx(186.1e9, rel=1e-3)  # 13.4 TB / 72 GPUs
+    assert accounting.hbm_bytes("tpu v4") == 32 * 2**30
+    assert accounting.hbm_bytes("TPU-V5P") == 95e9  # Ray's accelerator_type spelling
+    assert accounting.hbm_bytes("v6e") == 32e9
+    with pytest.raises(ValueError, match="no HBM size known"):
+        accounting.hbm_bytes("A100")
+
+
+def test_parameter_shards_follow_the_trainer_sharding_rule():
+    """data=2 x expert=4: routed experts split 4 ways along E, everything else replicated (no fsdp axis)."""
+    cfg = small_moe()
+    counts = accounting.count_params(cfg)
+    est = memory.estimate_memory(job_of(cfg), {"data": 2, "expert": 4})
+    per_device = counts.total - counts.routed_experts + counts.routed_experts // 4
+    assert est.params == per_device * 4  # float32
+    assert est.optimizer_state == 2 * per_device * 4  # AdamW mu + nu, float32, same shards
+    assert est.gradients == per_device * 4
+    assert est.host_bytes == 0 and est.master_params == 0
+    # the same job on one device holds everything
+    assert memory.estimate_memory(job_of(cfg), {"data": 1}).params == counts.total * 4
+
+
+def test_marin_policy_splits_dense_weights_over_the_expert_axis_and_offloads_the_optimizer():
+    cfg = small_moe()
+    counts = accounting.count_params(cfg)
+    est = memory.estimate_memory(job_of(cfg), {"data": 2, "expert": 4}, "marin")
+    per_device = memory.policy_shards(cfg, {"data": 2, "expert": 4}, memory.MARIN_POLICY)
+    stored = sum(s for s, _ in per_device.values())
+    # norms (1-D) and the embedding stay whole; every other matrix is split 4 ways
+    whole = counts.norms + counts.embedding
+    assert stored == whole + (counts.total - whole) // 4
+    assert est.params == stored * 2 and est.gradients == stored * 2  # bf16 on device
+    assert est.optimizer_state == 0 and est.host_bytes == stored * 12  # fp32 master + mu + nu on host
+    assert est.remat == "full"
+
+
+def test_micro_batching_shrinks_activations_and_keeps_a_float32_accumulator():
+    if "microbatch_size" not in TrainConfig.model_fields:
+        pytest.skip("the trainer has no TrainConfig.microbatch_size yet")
+    cfg = small_moe()
+    whole = memory.estimate_memory(job_of(cfg), {"data": 1})
+    quarter = memory.estimate_memory(job_of(cfg, microbatch_size=4), {"data": 1})
+    assert quarter.tokens_per_device == whole.tokens_per_device // 4
+    assert quarter.activations == pytest.approx(whole.activations / 4, rel=1e-3)
+    assert quarter.gradients == whole.gradients  # float32 either way for float32 params
+
+
+# ------------------------------------------------------------------------------------------
+# The activation model against JAX (what autodiff saves) and XLA (what the compiled step allocates)
+
+
+def _jax_saved_bytes_per_token(cfg: ModelConfig, remat: str, batch: int = 2) -> float:
+    import jax
+    import jax.numpy as jnp
+    from jax._src.ad_checkpoint import saved_residuals
+
+    params = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
+    router = jax.eval_shape(lambda: model.init_router_state(cfg))
+    tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len + 1), jnp.int32)
+    kwargs = {"remat": remat} if TRAINER_HAS_REMAT else {}
+    residuals = saved_residuals(lambda p, r, b: model.loss_fn(p, r, b, cfg, **kwargs)[0], params, router, tokens)
+    # per-token activations only: not the inputs, constants (masks, rotary tables) or cast weight copies
+    total = sum(a.size * a.dtype.itemsize for a, why in residuals
+                if not any(s in why for s in ("from the argument", "from a constant", "cast_for_compute")))
+    return total / (batch * cfg.seq_len)
+
+
+@pytest.mark.parametrize("remat", ["none", "full", "save_dots"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        small_moe(),
+        small_moe(compute_dtype="bfloat16"),
+        ModelConfig(vocab_size=640, hidden_dim=96, num_layers=2, num_heads=3, seq_len=128),
+    ],
+    ids=["moe-f32", "moe-bf16", "dense"],
+)
+def test_saved_activations_match_what_jax_saves(cfg, remat):
+    """Measured: within 5% for every case here (the 1-2 layer models carry a few weight-sized reshapes)."""
+    if remat != "none" and not TRAINER_HAS_REMAT:
+        pytest.skip("the trainer has no remat yet")
+    ours = memory.saved_bytes_per_token(cfg, remat)
+    assert ours == pytest.approx(_jax_saved_bytes_per_token(cfg, remat), rel=0.07)
+
+
+XLA_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    jax.config.update("jax_num_cpu_devices", 8)
+    from trainer import memory
+    from trainer.config import ModelConfig, MoEConfig, TrainConfig, TrainJob
+    from trainer.data import stdlib_data_config
+
+    out = []
+    for cfg_json, mesh in json.loads(sys.argv[1]):
+        cfg = ModelConfig.model_validate(cfg_json)
+        job = TrainJob(model=cfg, data=stdlib_data_config(), train=TrainConfig(tokens=16 * cfg.seq_len * 10, batch_size=16))
+        ours, xla = memory.estimate_memory(job, mesh).total, memory.measure_train_step(job, mesh)["peak"]
+        out.append({"mesh": mesh, "ours": ours, "xla": xla, "ratio": ours / xla})
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def _ours_over_xla(cases: list[tuple[ModelConfig, dict[str, int]]]) -> list[dict]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    payload = json.dumps([(cfg.model_dump(mode="json"), mesh) for cfg, mesh in cases])
+    proc = subprocess.run([sys.executable, "-c", XLA_SCRIPT, payload], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULT", 1)[1])
+
+
+def test_step_memory_matches_xla_on_fake_cpu_devices():
+    """The whole estimate (state + gradients + activations) against XLA's memory_analysis of the real
+    jitted train step (argument + output - donated alias + temp, per device), on 8 fake CPU devices.
+    Measured ours/XLA: 1.00 (data 4 x expert 2: latent experts, sliding window, GQA, a dense layer) and
+    0.97 (data 2 x expert 4, where GSPMD keeps the global capacity buffers on every data shard); the
+    4-layer, 256-token version of the first is 1.08 (slow test below).
+    remat is not checked here: XLA:CPU undoes jax.checkpoint (a toy 8-layer MLP compiles to the same temp
+    bytes with and without it), so the remat policies are checked against JAX's saved residuals above."""
+    two_layers = small_moe(num_layers=2, seq_len=128, sliding_window=32)
+    wide_experts = small_moe(num_layers=2, seq_len=128, moe=MoEConfig(num_experts=8, top_k=2, expert_dim=128,
+                                                                    num_shared_experts=1))
+    for case in _ours_over_xla([(two_layers, {"data": 4, "expert": 2}), (wide_experts, {"data": 2, "expert": 4})]):
+        assert 0.85 <= case["ratio"] <= 1.2, case
+
+
+@pytest.mark.slow
+def test_step_memory_against_xla_on_one_device_and_with_fsdp():
+    """Measured ours/XLA: 0.99 on one device, 1.08 on data 4 x expert 2 (4 layers, 256 tokens); with an
+    fsdp axis the estimate is conservative (GSPMD splits part of the capacity buffers over fsdp; the model
+    counts them whole): 1.33 on data 2 x fsdp 2 x expert 2."""
+    one, four, fsdp = _ours_over_xla([(small_moe(), {"data": 1}), (small_moe(), {"data": 4, "expert": 2}),
+                                      (small_moe(), {"data": 2, "fsdp": 2, "expert": 2})])
+    assert 0.85 <= one["ratio"] <= 1.2, one
+    assert 0.85 <= four["ratio"] <= 1.2, four
+    assert 1.0 <= fsdp["ratio"] <= 1.8, fsdp
+
+
+# ------------------------------------------------------------------------------------------
+# Marin's hero
+
+
+@pytest.fixture(scope="module")
+def marin():
+    return load_experiment("experiments/marin_535b.py")
+
+
+def test_hero_comes_out_as_published_ep64_three_months_at_23_percent(marin):
+    """Public facts (marin_hero_specs.md §1-3, marin.md): 176 hosts x 4 GB200 = 704, EP64 per rack, ~3 months
+    at ~23% MFU. The hero spec declares Marin's memory policy (tag), so the plan uses it.
+
+    Per-device parameter elements under that policy, by hand (d 6144, 48 layers, 384 experts of 3072 in a
+    3072 latent, 2 shared of 3072, heads 48 x 128, KV 12 local / 6 global, vocab 128,256):
+      routed experts 48 x 384 x 3 x 3072^2 = 521,838,526,464, split over expert 64  -> 8,153,726,976
+      attention 48 x 2 x 6144 x 6144 + 36 x 2 x 6144 x 1536 + 12 x 2 x 6144 x 768 = 4,416,602,112
+      router 48 x 6144 x 384 = 113,246,208; latent 48 x 2 x 6144 x 3072 = 1,811,939,328
+      shared 48 x 3 x 6144 x 6144 = 5,435,817,984; lm_head 6144 x 128,256 = 788,004,864
+      -> these 12,565,610,496 are split over expert 64 too (Marin's _FSDP_AXES)  -> 196,337,664
+      embedding 788,004,864 and norms 97 x 6144 = 595,968 stay whole
+      total 8,153,726,976 + 196,337,664 + 788,004,864 + 595,968 = 9,138,665,472 elements
+    bf16 params and grads: 2 x 9,138,665,472 = 18.28 GB each; fp32 master + mu + nu on host: 12 x = 109.7 GB.
+    Activations, remat full, 16 seqs x 4096 = 65,536 tokens per device: 48 block inputs x 6144 x 2 B =
+    589,824 B/token, plus the block being recomputed and the loss/final norm (~0.82 MB/token) -> 92.6 GB.
+    """
+    hero = marin.dag["hero"].spec
+    row = capacity_row("hero", hero, mfu=0.23, price_per_hour=2.0)
+    assert row.devices == 704 and row.hosts == 176 and row.devices_per_host == 4
+    assert row.mesh == {"data": 11, "expert": 64}  # EP64 per rack, 11 racks
+    assert 70 < row.wall_days < 110  # "about three months"
+    assert row.wall_days == pytest.approx(2.6960e24 / (704 * 2.5e15 * 0.23) / 86400, rel=1e-3)  # 77.1 days
+    assert row.accelerator_hours == pytest.approx(row.wall_seconds * 704 / 3600)
+    assert row.cost_usd == pytest.approx(2.0 * row.accelerator_hours)
+
+    m = row.memory
+    assert m.policy == "marin" and m.remat == "full" and m.tokens_per_device == 65_536
+    elements = 8_153_726_976 + 196_337_664 + 788_004_864 + 595_968
+    assert m.parts["params"] == 2 * elements
+    assert m.parts["gradients"] == 2 * elements
+    assert m.parts["optimizer_state"] == 0 and m.host_bytes_per_device == 12 * elements
+    assert m.parts["activations"] / 1e9 == pytest.approx(92.6, abs=0.1)
+    assert m.fits is True and m.total < 0.9 * row.hbm_bytes  # 130.7 GB of 186 GB with 10% held back
+    assert row.host_fits is True  # 4 x 109.7 GB offloaded per host, within its 890 GiB
+
+    # what this repository's trainer would need for the same step: float32 state, dense weights whole on
+    # every device, global capacity buffers: far beyond a GB200
+    assert row.memory_trainer is not None and row.memory_trainer.fits is False
+    assert row.memory_trainer.parts["optimizer_state"] == 2 * row.memory_trainer.parts["params"]
+
+
+def test_plan_command_prints_the_capacity_plan_and_its_assumptions(marin, tmp_path):
+    result = runner.invoke(app, ["plan", "experiments/marin_535b.py", "--root", str(tmp_path / "r"), "--mfu", "0.23",
+                                 "--price-per-hour", "2.5"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "capacity plan" in out and "cost USD" in out and "assumptions" in out
+    assert "memory policy 'marin'" in out and "MFU 23% of the peak" in out and "HBM 186 GB per GB200" in out
+    assert "under the trainer's own policy" in out and "does not fit (needs" in out
+    assert not (tmp_path / "r").exists()
+
+    result = runner.invoke(app, ["plan", "experiments/marin_535b.py", "--root", str(tmp_path / "r"), "--mfu", "0.23",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    steps = {s["name"]: s for s in json.loads(result.stdout)["steps"]}
+    cap = steps["hero"]["capacity"]
+    assert cap["devices"] == 704 and cap["memory"]["fits"] is True and cap["cost_usd"] is None  # no price given
+    assert steps["hero"]["accelerator_hours"] == pytest.approx(cap["accelerator_hours"])
+    assert any("dtypes: device params bfloat16" in a for a in cap["assumptions"])
+
+
+def test_plan_accelerator_and_policy_options(tmp_path):
+    args = ["plan", "experiments/readme_example.py", "--root", str(tmp_path / "r"), "--json"]
+    steps = {s["name"]: s for s in json.loads(runner.invoke(app, args).stdout)["steps"]}
+    cap = steps["hero"]["capacity"]  # a CPU spec: memory, but no HBM check and no step time
+    assert cap["accelerator"] is None and cap["memory"]["fits"] is None and cap["wall_days"] is None
+    assert cap["memory"]["policy"] == "trainer" and cap["memory"]["total"] > 0
+    assert "capacity" not in steps["fit"]  # only training steps have a capacity plan
+
+    result = runner.invoke(app, args + ["--accelerator", "H100", "--memory-policy", "marin"])
+    cap = {s["name"]: s for s in json.loads(result.stdout)["steps"]}["hero"]["capacity"]
+    assert cap["hbm_bytes"] == 80e9 and cap["memory"]["fits"] is True and cap["wall_days"] > 0
+    assert cap["memory"]["policy"] == "marin" and cap["memory_trainer"]["policy"] == "trainer"
+
+    result = runner.invoke(app, args + ["--memory-policy", "nope"])
+    assert result.exit_code == 2 and "unknown memory policy 'nope'" in result.output
+    result = runner.invoke(app, args + ["--mfu", "1.5"])
+    assert result.exit_code == 2 and "--mfu 1.5" in result.output
