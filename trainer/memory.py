@@ -379,12 +379,12 @@ def activation_bytes_per_token(cfg: ModelConfig, remat: str, policy: MemoryPolic
 
 
 def remat_of(job: TrainJob) -> str:
-    return str(getattr(job.train, "remat", "none") or "none")
+    return job.train.remat
 
 
 def microbatch_of(job: TrainJob) -> int:
-    size = getattr(job.train, "microbatch_size", None)
-    return int(size) if size else job.train.batch_size
+    """Sequences per micro-batch (the whole batch when the step is not micro-batched)."""
+    return job.train.microbatch_size or job.train.batch_size
 
 
 def estimate_memory(
@@ -411,11 +411,10 @@ def estimate_memory(
 
     microbatch = microbatch_of(job)
     accumulating = microbatch < job.train.batch_size
-    # Micro-batched, the gradients live in a float32 accumulator: each micro-batch's gradient leaf is added
-    # as it is produced (measured on CPU: no second full gradient tree).
-    gradients = elements * (4 if accumulating else grad_bytes)
+    # Micro-batched, a float32 accumulator (the scan's carry) lives next to each micro-batch's gradients.
+    gradients = elements * grad_bytes + (elements * 4 if accumulating else 0)
     if accumulating:
-        notes.append("micro-batched: gradients are a float32 accumulator")
+        notes.append("micro-batched: a float32 gradient accumulator next to each micro-batch's gradients")
 
     # Compute-dtype copies: weights cast from float32 params (norms and the router stay float32), and the
     # largest block's weights gathered whole while it runs when they are stored split (fsdp).
@@ -441,6 +440,12 @@ def estimate_memory(
     activations = int(round(per_token * tokens))
 
     n_moe = sum(1 for i in range(cfg.num_layers) if cfg.is_moe_layer(i))
+    if accumulating and cfg.moe is not None and cfg.moe.balancing == "quantile":
+        # trainer/step.py stacks every micro-batch's per-token quantile-balancing inputs [T, E] (float32) of
+        # every MoE layer to take the whole batch's quantile after the scan
+        kept = math.ceil(job.train.batch_size * cfg.seq_len / devices) * n_moe * cfg.moe.num_experts * 4
+        activations += kept
+        notes.append(f"micro-batched quantile balancing keeps the whole batch's router margins: {kept / 1e9:.3g} GB")
     other = (n_moe * cfg.moe.num_experts * 4 if cfg.moe else 0) + 64
     total = params + master + optimizer + gradients + compute_weights + activations + other
     return MemoryEstimate(
@@ -477,7 +482,7 @@ def measure_train_step(job: TrainJob, mesh: dict[str, int]) -> dict[str, int]:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from trainer import model, optim, sharding
-    from trainer.step import make_train_step
+    from trainer.step import make_train_step, xla_compiler_options
 
     cfg = job.model
     mesh_ = sharding.make_mesh(mesh)
@@ -508,12 +513,9 @@ def measure_train_step(job: TrainJob, mesh: dict[str, int]) -> dict[str, int]:
         shardings,
     )
     batch_sharding = sharding.batch_sharding(mesh_)
-    import inspect
-
-    takes_mesh = "mesh" in inspect.signature(make_train_step).parameters  # micro-batching pins to the mesh
-    step_fn = make_train_step(job, model, optimizer, groups, **({"mesh": mesh_} if takes_mesh else {}))
     step = jax.jit(
-        step_fn,
+        make_train_step(job, model, optimizer, groups, mesh=mesh_),
+        compiler_options=xla_compiler_options(job, mesh_.devices.flat[0].platform),  # as the loop compiles it
         in_shardings=(shardings, batch_sharding, replicated, replicated),
         out_shardings=(shardings, replicated),
         donate_argnums=(0,),
