@@ -16,8 +16,6 @@ plan never hides what the code in this repository would need.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from ladder.spec import ExperimentSpec

@@ -89,8 +89,16 @@ def _capacity_rows(exp: Experiment, names: list[str], **options: Any) -> dict[st
     return rows
 
 
+def _count(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
 def _gb(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e9:,.1f}"
+    if value is None:
+        return "-"
+    return f"{value / 1e9:,.1f}" if value >= 10e9 or value == 0 else f"{value / 1e9:.3g}"
 
 
 def _print_capacity(rows: dict[str, Any]) -> None:
@@ -123,10 +131,10 @@ def _print_capacity(rows: dict[str, Any]) -> None:
             fit_verdict(r.memory, r.hbm_bytes),
             _fmt(r.step_seconds),
             "-" if r.wall_days is None else f"{r.wall_days:,.1f}" if r.wall_days >= 10 else f"{r.wall_days:.2g}",
-            "-" if r.accelerator_hours is None else f"{r.accelerator_hours:,.0f}",
+            _count(r.accelerator_hours),
         ]
         if priced:
-            cells.append("-" if r.cost_usd is None else f"{r.cost_usd:,.0f}")
+            cells.append(_count(r.cost_usd))
         table.add_row(*cells)
     console.print(table)
     shared = set.intersection(*(set(r.assumptions) for r in rows.values()))

@@ -12,9 +12,14 @@ its accelerator must come from the spec alone. The estimate has two halves:
   donated, so the new state reuses the old one's buffers.
 * **Activations** are analytic: bytes saved per token for the backward pass, layer by layer (attention
   with the score blocks our attention materialises, the MoE capacity buffers with their capacity factor,
-  shared experts, the float32 logits of the loss), times the tokens each device holds in one micro-batch,
-  under the remat policy. ``measure_train_step`` compiles the real jitted step and asks XLA
-  (``compiled.memory_analysis()``); tests/test_capacity.py holds the two together on small configs.
+  shared experts, the float32 exp of the loss over the vocabulary), times the tokens each device holds
+  in one micro-batch, under the remat policy ("full" and "save_dots" keep less, plus the one block being
+  recomputed). tests/test_capacity.py holds the model against JAX's saved residuals (per remat policy)
+  and against XLA: ``measure_train_step`` compiles the real jitted step as the loop does and returns
+  ``compiled.memory_analysis()`` per device.
+* **Where the trainer's dispatch is global**: under plain jit the capacity buffers are sized by the global
+  batch and GSPMD splits them only over the expert axis (measured), so each device holds data x fsdp
+  times its own tokens' rows; an all-to-all transport (policy ``moe_buffers="local"``) holds its own.
 
 A ``MemoryPolicy`` says where each copy lives. The default is what this trainer runs; other policies
 describe runs the trainer does not implement (Marin's hero: bf16 parameters on device, float32 master and
