@@ -183,7 +183,8 @@ def capacity_row(
         mesh_devices *= size
     assumptions = [
         f"devices = {hosts} hosts x {per_host} per host = {devices}; mesh {mesh}"
-        + ("" if mesh_devices == devices else f" (uses {mesh_devices} of them)")
+        + ("" if mesh_devices == devices else f" (uses {mesh_devices} of them)" if mesh_devices < devices
+           else f" (needs {mesh_devices} devices: more than the resources ask for)")
         + f"; {flops_per_step:.4g} FLOPs per step",
         f"MFU {mfu:.0%} of the peak; FLOPs in the spec's '{derived.accounting}' convention (3 x forward FLOPs per "
         "token x tokens per step, lm_head included)",
