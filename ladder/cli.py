@@ -187,6 +187,10 @@ def plan(
 
     if not 0 < mfu <= 1:
         _fail(f"--mfu {mfu} must be a fraction in (0, 1], e.g. 0.4.")
+    if not 0 <= hbm_headroom < 1:
+        _fail(f"--hbm-headroom {hbm_headroom} must be a fraction in [0, 1), e.g. 0.1.")
+    if price_per_hour is not None and price_per_hour < 0:
+        _fail(f"--price-per-hour {price_per_hour} must be >= 0 (USD per accelerator-hour).")
     exp = _load(experiment)
     store = _store(root)
     rows = make_plan(exp.dag, store)

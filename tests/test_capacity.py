@@ -282,3 +282,5 @@ def test_plan_accelerator_and_policy_options(tmp_path):
     assert result.exit_code == 2 and "unknown memory policy 'nope'" in result.output
     result = runner.invoke(app, args + ["--mfu", "1.5"])
     assert result.exit_code == 2 and "--mfu 1.5" in result.output
+    result = runner.invoke(app, args + ["--hbm-headroom", "1.5"])
+    assert result.exit_code == 2 and "--hbm-headroom 1.5" in result.output
