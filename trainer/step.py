@@ -176,23 +176,29 @@ def make_train_step(
     return step_fn
 
 
+def split_microbatches(batch: jax.Array, count: int, mesh: jax.sharding.Mesh) -> jax.Array:
+    """``[B, ...] -> [count, B / count, ...]`` where micro-batch i is rows i, i + count, i + 2 * count, ...
+
+    The batch is split over the mesh in contiguous blocks of ``B / devices`` rows; with ``B / count``
+    divisible by the device count each block is whole groups of ``count`` consecutive rows, so every
+    device keeps its own rows and the reshape moves nothing (the constraint pins that layout).
+    """
+    rows = batch.shape[0]
+    split = batch.reshape(rows // count, count, *batch.shape[1:]).swapaxes(0, 1)
+    spec = jax.sharding.PartitionSpec(None, sharding_lib.batch_axes(mesh))
+    return jax.lax.with_sharding_constraint(split, jax.sharding.NamedSharding(mesh, spec))
+
+
 def _make_accumulator(job: TrainJob, model: Any, loss_and_grads, mesh: jax.sharding.Mesh):
     """``(params, router_state, batch, loss_scale) -> ((loss, aux), grads)`` over micro-batches, with the
     same outputs as ``loss_and_grads`` on the whole batch (see the module docstring for what differs)."""
     cfg = job.model
     n = job.train.num_microbatches
     num_tokens = job.train.batch_size * cfg.seq_len
-    batch_axes = sharding_lib.batch_axes(mesh)
-    split_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, batch_axes))
-    micro_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(batch_axes))
+    micro_sharding = sharding_lib.batch_sharding(mesh)
 
     def accumulate(params, router_state, batch, loss_scale):
-        rows = batch.shape[0]
-        # [B, L+1] -> [B/n, n, L+1] -> [n, B/n, L+1]: micro-batch i = rows i, i+n, ...; a device's block of
-        # B/devices consecutive rows is B/(n*devices) whole groups of n, so this is a local reshape.
-        micro_batches = jax.lax.with_sharding_constraint(
-            batch.reshape(rows // n, n, *batch.shape[1:]).swapaxes(0, 1), split_sharding
-        )
+        micro_batches = split_microbatches(batch, n, mesh)
         param_shardings = sharding_lib.param_shardings(params, cfg, mesh)
         abstract = jax.eval_shape(lambda b: loss_and_grads(params, router_state, b, loss_scale), micro_batches[0])
         (_, abstract_aux), _ = abstract
