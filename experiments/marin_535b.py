@@ -248,6 +248,7 @@ def marin_run(name: str, shape: tuple, *, hero: bool) -> TrainStep:
             keep_checkpoints=steps // HERO_CHECKPOINT_EVERY + 1 if hero else 1,  # the hero's are permanent
             wandb_project="marin_moe",
             mesh={"data": racks, "expert": 64},
+            remat="full",  # Marin: remat_mode=recompute_all (an execution field: not identity)
         ),
         # per host: the hero's W&B task (4 GB200, 120 CPU, 890 GB); the rungs' hosts are assumed the same
         resources=ResourceSpec(

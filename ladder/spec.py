@@ -115,9 +115,9 @@ class ExperimentSpec(TrainJob):
 
     def identity(self) -> dict[str, Any]:
         """The canonical content that determines results (what the fingerprint hashes)."""
-        payload = self.model_dump(mode="json", exclude={"resources", "tags", "accounting"})
-        for field in TrainConfig.EXECUTION_FIELDS:
-            payload["train"].pop(field, None)
+        payload = super().identity()
+        for field in ("resources", "tags", "accounting"):
+            payload.pop(field, None)
         return payload
 
     def derived(self) -> "DerivedNumbers":

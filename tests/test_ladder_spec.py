@@ -78,9 +78,11 @@ def _path(spec: ExperimentSpec, root: str) -> str:
 def test_fingerprint_ignores_where_and_how_it_runs(tmp_path):
     base = tiny_spec()
     moved = base.model_copy(update={
-        "resources": ResourceSpec(cpus=8, gpus=4, accelerator_type="H100", custom={"fake_accel": 1}),
+        "resources": ResourceSpec(cpus=8, gpus=4, accelerator_type="H100", custom={"fake_accel": 1}, hosts=2,
+                                  cpu_devices_per_host=4, max_restarts=5),
         "tags": {"owner": "someone"},
-        "train": base.train.model_copy(update={"log_every": 1, "wandb": "online", "eval_every": 3, "checkpoint_every": 7, "progress": True}),
+        "train": base.train.model_copy(update={"log_every": 1, "wandb": "online", "eval_every": 3, "checkpoint_every": 7,
+                                               "progress": True, "remat": "full", "mesh": {"data": 2}}),
     })
     assert _path(base, str(tmp_path / "a")) == _path(base, str(tmp_path / "a"))
     assert _path(base, str(tmp_path / "a")) == _path(moved, "memory://elsewhere")
@@ -92,6 +94,7 @@ def test_fingerprint_ignores_where_and_how_it_runs(tmp_path):
         lambda s: {"optimizer": s.optimizer.model_copy(update={"learning_rate": 1e-3})},
         lambda s: {"train": s.train.model_copy(update={"seed": 1})},
         lambda s: {"train": s.train.model_copy(update={"tokens": s.train.tokens * 2})},
+        lambda s: {"train": s.train.model_copy(update={"microbatch_size": s.train.batch_size // 2})},
         lambda s: {"model": s.model.model_copy(update={"moe": s.model.moe.model_copy(update={"top_k": 1})})},
         lambda s: {"data": s.data.model_copy(update={"phases": [MixturePhase(weights={"code": 0.5, "docs": 0.5})]})},
     ],
@@ -99,6 +102,14 @@ def test_fingerprint_ignores_where_and_how_it_runs(tmp_path):
 def test_fingerprint_changes_with_what_changes_results(change, tmp_path):
     base = tiny_spec()
     assert _path(base, str(tmp_path)) != _path(base.model_copy(update=change(base)), str(tmp_path))
+
+
+def test_an_identity_field_added_later_leaves_earlier_fingerprints_alone():
+    """`train.microbatch_size` came after runs existed: at its default it is not in the identity, so
+    every earlier run keeps its directory and its checkpoints stay compatible."""
+    identity = tiny_spec().identity()
+    assert "microbatch_size" not in identity["train"]
+    assert "microbatch_size" in tiny_spec(train=TrainConfig(tokens=5120, batch_size=8, microbatch_size=4)).identity()["train"]
 
 
 def test_dependency_fingerprints_propagate():

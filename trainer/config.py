@@ -317,6 +317,9 @@ class TrainConfig(Frozen):
             "remat",
         }
     )
+    # Identity fields added after runs existed are left out of a job's identity while at their default,
+    # so adding a field changes neither the fingerprint nor the checkpoint check of any earlier job.
+    OMITTED_AT_DEFAULT: ClassVar[dict[str, object]] = {"microbatch_size": None}
 
     tokens: int = Field(..., gt=0, description="Training token budget; steps = round(tokens / (batch_size * seq_len)).")
     batch_size: int = Field(16, ge=1, description="Global batch size in sequences.")
@@ -411,6 +414,18 @@ class TrainJob(Frozen):
                 f"model.vocab_size={self.model.vocab_size} is too small for the byte tokenizer; use 256 or more."
             )
         return self
+
+    def identity(self) -> dict:
+        """What determines results, as JSON data: the job minus TrainConfig's execution fields (and the
+        fields of ``OMITTED_AT_DEFAULT`` at their default). The fingerprints hash this."""
+        payload = self.model_dump(mode="json")
+        train = payload["train"]
+        for field in TrainConfig.EXECUTION_FIELDS:
+            train.pop(field, None)
+        for field, default in TrainConfig.OMITTED_AT_DEFAULT.items():
+            if field in train and train[field] == default:
+                del train[field]
+        return payload
 
     @property
     def num_steps(self) -> int:

@@ -59,7 +59,7 @@ from trainer import checkpoint as checkpoint_lib
 from trainer import distributed
 from trainer import metrics as metrics_lib
 from trainer import optim
-from trainer.step import make_train_step
+from trainer.step import make_train_step, xla_compiler_options
 from trainer.config import TrainConfig, TrainJob
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,7 @@ class TrainingDiverged(RuntimeError):
 
 def job_fingerprint(job: TrainJob) -> str:
     """Hash of what changes results (execution-only TrainConfig fields left out)."""
-    payload = job.model_dump(mode="json")
-    payload["train"] = {k: v for k, v in payload["train"].items() if k not in TrainConfig.EXECUTION_FIELDS}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(job.identity(), sort_keys=True).encode()).hexdigest()
 
 
 def default_compilation_cache_dir() -> str:
@@ -270,10 +268,11 @@ def train(
     )
 
     train_step = jax.jit(
-        make_train_step(job, model, optimizer, groups),
+        make_train_step(job, model, optimizer, groups, mesh=mesh),
         in_shardings=(state_shardings, batch_sharding, replicated, replicated),
         out_shardings=(state_shardings, replicated),
         donate_argnums=(0,),
+        compiler_options=xla_compiler_options(job, mesh.devices.flat[0].platform),
     )
     eval_dispatch = "ragged" if (tcfg.eval_dispatch == "dropless" and cfg.moe is not None) else None
     eval_loss = jax.jit(
