@@ -147,6 +147,9 @@ class Checkpointer:
         return None
 
     def _quarantine(self, step: int) -> None:
+        if jax.process_index() != 0:  # every process fails on the same files; one of them moves them
+            self._manager.reload()
+            return
         source = os.path.join(self.directory, str(step))
         target_dir = os.path.join(os.path.dirname(self.directory), "checkpoints_corrupt")
         os.makedirs(target_dir, exist_ok=True)

@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 Hook = Callable[[int, dict], "dict | None"]
 
 
-
 class TrainResult(BaseModel):
     """What one call of ``train`` did."""
 
