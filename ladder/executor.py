@@ -19,12 +19,8 @@ status.json ends true.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field

@@ -181,7 +181,7 @@ def run_gang(
             pg, strategy = _place(ray, resources, step.name, attempt, should_stop)
             record.update(strategy=strategy, placed_s=time.time() - record["started_at"])
             member_cls = ray.remote(GangMember)
-            options = _member_options(resources)
+            options = {**resources.ray_options(), "max_restarts": 0}
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             members = [
@@ -248,20 +248,6 @@ def _pickled_task(step: Any, run_dir: str, attempt: int, overlay_args: dict[str,
         "attempt": attempt,
         "overlay_args": overlay_args,
     })
-
-
-def _member_options(resources: ResourceSpec) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_cpus": resources.cpus, "num_gpus": resources.gpus, "max_restarts": 0}
-    custom = dict(resources.custom)
-    if resources.tpus:
-        custom["TPU"] = resources.tpus
-    if custom:
-        options["resources"] = custom
-    if resources.accelerator_type:
-        options["accelerator_type"] = resources.accelerator_type
-    if resources.memory_gb:
-        options["memory"] = int(resources.memory_gb * 1024**3)
-    return options
 
 
 def _place(ray: Any, resources: ResourceSpec, name: str, attempt: int, should_stop: Callable[[], bool]):

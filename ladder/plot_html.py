@@ -18,7 +18,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 
 from ladder.plots import BAND_COLOR, FIRST_BAND_COLOR, X_COLUMNS, X_LABELS, PlotData, drawn_band, zoom_range
 

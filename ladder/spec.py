@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trainer.config import ModelConfig, TrainConfig, TrainJob
+from trainer.config import ModelConfig, TrainJob
 
 SPEC_FORMAT_VERSION = 1
 

@@ -51,15 +51,13 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainer import checkpoint as checkpoint_lib
 from trainer import distributed
 from trainer import metrics as metrics_lib
-from trainer import optim
-from trainer.step import make_train_step, xla_compiler_options
+from trainer.step import jit_train_step
 from trainer.config import TrainConfig, TrainJob
 
 log = logging.getLogger(__name__)
@@ -219,26 +217,11 @@ def train(
     process_index, process_count = jax.process_index(), jax.process_count()
     primary = process_index == 0
 
+    jitted = jit_train_step(job, model, mesh)
+    train_step, optimizer, state_shardings = jitted.train_step, jitted.optimizer, jitted.state_shardings
+    abstract_state, router_state0 = jitted.abstract_state, jitted.router_state0
+    param_shardings, opt_shardings = state_shardings["params"], state_shardings["opt_state"]
     key = jax.random.key(tcfg.seed)
-    abstract_params = jax.eval_shape(lambda k: model.init_params(cfg, k), key)
-    groups = model.param_groups(abstract_params)
-    optimizer = optim.build_optimizer(job.optimizer, abstract_params, groups)
-    param_shardings = sharding.param_shardings(abstract_params, cfg, mesh)
-    abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
-    opt_shardings = optax.tree_map_params(
-        optimizer,
-        lambda _, s: s,
-        abstract_opt_state,
-        param_shardings,
-        transform_non_params=lambda _: replicated,
-    )
-    router_state0 = model.init_router_state(cfg)
-    state_shardings = {
-        "step": replicated,
-        "params": param_shardings,
-        "opt_state": opt_shardings,
-        "router_state": jax.tree.map(lambda _: replicated, router_state0),
-    }
 
     def init_params_and_opt(k):
         params = model.init_params(cfg, k)
@@ -255,24 +238,6 @@ def train(
             "router_state": jax.device_put(router_state0, state_shardings["router_state"]),
         }
 
-    abstract_state = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        {
-            "step": jax.ShapeDtypeStruct((), jnp.int32),
-            "params": abstract_params,
-            "opt_state": abstract_opt_state,
-            "router_state": jax.eval_shape(lambda: router_state0),
-        },
-        state_shardings,
-    )
-
-    train_step = jax.jit(
-        make_train_step(job, model, optimizer, groups, mesh=mesh),
-        in_shardings=(state_shardings, batch_sharding, replicated, replicated),
-        out_shardings=(state_shardings, replicated),
-        donate_argnums=(0,),
-        compiler_options=xla_compiler_options(job, mesh.devices.flat[0].platform),
-    )
     eval_dispatch = "ragged" if (tcfg.eval_dispatch == "dropless" and cfg.moe is not None) else None
     eval_loss = jax.jit(
         lambda p, r, b: model.loss_fn(p, r, b, cfg, dispatch=eval_dispatch)[1]["lm_loss"], out_shardings=replicated

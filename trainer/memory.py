@@ -483,53 +483,16 @@ def measure_train_step(job: TrainJob, mesh: dict[str, int]) -> dict[str, int]:
     bytes, and ``peak`` = argument + output - alias + temp (the donated state is counted once)."""
     import jax
     import jax.numpy as jnp
-    import optax
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    from trainer import model, optim, sharding
-    from trainer.step import make_train_step, xla_compiler_options
+    from trainer import model, sharding
+    from trainer.step import jit_train_step
 
-    cfg = job.model
-    mesh_ = sharding.make_mesh(mesh)
-    replicated = NamedSharding(mesh_, PartitionSpec())
-    abstract_params = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
-    groups = model.param_groups(abstract_params)
-    optimizer = optim.build_optimizer(job.optimizer, abstract_params, groups)
-    param_shardings = sharding.param_shardings(abstract_params, cfg, mesh_)
-    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
-    opt_shardings = optax.tree_map_params(
-        optimizer, lambda _, s: s, abstract_opt, param_shardings, transform_non_params=lambda _: replicated
-    )
-    router_state = model.init_router_state(cfg)
-    shardings = {
-        "step": replicated,
-        "params": param_shardings,
-        "opt_state": opt_shardings,
-        "router_state": jax.tree.map(lambda _: replicated, router_state),
-    }
-    abstract_state = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        {
-            "step": jax.ShapeDtypeStruct((), jnp.int32),
-            "params": abstract_params,
-            "opt_state": abstract_opt,
-            "router_state": jax.eval_shape(lambda: router_state),
-        },
-        shardings,
-    )
-    batch_sharding = sharding.batch_sharding(mesh_)
-    step = jax.jit(
-        make_train_step(job, model, optimizer, groups, mesh=mesh_),
-        compiler_options=xla_compiler_options(job, mesh_.devices.flat[0].platform),  # as the loop compiles it
-        in_shardings=(shardings, batch_sharding, replicated, replicated),
-        out_shardings=(shardings, replicated),
-        donate_argnums=(0,),
-    )
-    compiled = step.lower(
-        abstract_state,
-        jax.ShapeDtypeStruct((job.train.batch_size, cfg.seq_len + 1), jnp.int32, sharding=batch_sharding),
-        jax.ShapeDtypeStruct((), jnp.bool_, sharding=replicated),
-        jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated),
+    jitted = jit_train_step(job, model, sharding.make_mesh(mesh))
+    compiled = jitted.train_step.lower(
+        jitted.abstract_state,
+        jax.ShapeDtypeStruct((job.train.batch_size, job.model.seq_len + 1), jnp.int32, sharding=jitted.batch_sharding),
+        jax.ShapeDtypeStruct((), jnp.bool_, sharding=jitted.replicated),
+        jax.ShapeDtypeStruct((), jnp.float32, sharding=jitted.replicated),
     ).compile()
     stats = compiled.memory_analysis()
     out = {

@@ -25,11 +25,13 @@ concatenated per-token inputs of all micro-batches.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import moe as moe_lib
 from trainer import optim
@@ -248,3 +250,58 @@ def _make_accumulator(job: TrainJob, model: Any, loss_and_grads, mesh: jax.shard
         return (sums["_objective"] / n, aux), grads
 
     return accumulate
+
+
+@dataclass(frozen=True)
+class JittedStep:
+    """The train step compiled-to-be for one (job, mesh): what the loop runs and what memory checks lower."""
+
+    train_step: Callable  # jitted (state, batch, skip, loss_scale) -> (state, metrics); donates state
+    optimizer: optax.GradientTransformation
+    state_shardings: dict[str, Any]
+    abstract_state: dict[str, Any]  # ShapeDtypeStructs with shardings (orbax restore, .lower())
+    batch_sharding: NamedSharding
+    replicated: NamedSharding
+    router_state0: Any
+
+
+def jit_train_step(job: TrainJob, model: Any, mesh: jax.sharding.Mesh) -> JittedStep:
+    """State shardings (the sharding rule for params, optax's mirror of it for AdamW state, replicated
+    step and router state), the abstract state, and ``make_train_step`` jitted on them with the donated
+    state and the XLA options it needs. Allocates nothing."""
+    cfg = job.model
+    replicated = NamedSharding(mesh, PartitionSpec())
+    abstract_params = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(job.train.seed))
+    groups = model.param_groups(abstract_params)
+    optimizer = optim.build_optimizer(job.optimizer, abstract_params, groups)
+    param_shardings = sharding_lib.param_shardings(abstract_params, cfg, mesh)
+    abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
+    opt_shardings = optax.tree_map_params(
+        optimizer, lambda _, s: s, abstract_opt_state, param_shardings, transform_non_params=lambda _: replicated
+    )
+    router_state0 = model.init_router_state(cfg)
+    state_shardings = {
+        "step": replicated,
+        "params": param_shardings,
+        "opt_state": opt_shardings,
+        "router_state": jax.tree.map(lambda _: replicated, router_state0),
+    }
+    abstract_state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        {
+            "step": jax.ShapeDtypeStruct((), jnp.int32),
+            "params": abstract_params,
+            "opt_state": abstract_opt_state,
+            "router_state": jax.eval_shape(lambda: router_state0),
+        },
+        state_shardings,
+    )
+    batch_sharding = sharding_lib.batch_sharding(mesh)
+    train_step = jax.jit(
+        make_train_step(job, model, optimizer, groups, mesh=mesh),
+        in_shardings=(state_shardings, batch_sharding, replicated, replicated),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=(0,),
+        compiler_options=xla_compiler_options(job, mesh.devices.flat[0].platform),
+    )
+    return JittedStep(train_step, optimizer, state_shardings, abstract_state, batch_sharding, replicated, router_state0)
