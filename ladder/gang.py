@@ -15,8 +15,10 @@ Shape of one attempt (run by the step's controller, the Ray task that holds the 
    calls ``jax.distributed.initialize`` and the same ``trainer.train``;
 4. the controller polls the members: all exited 0 -> done; any non-zero exit or lost actor -> tear down
    (kill every worker's process group, kill the actors, remove the placement group) and restart, at most
-   ``resources.max_restarts`` times; a stop request (Ctrl-C in the submitter, a lost lease) becomes the
-   file ``gang/stop``, which the trainer turns into a collective checkpoint-and-return.
+   ``resources.max_restarts`` times (an exception a restart would raise again, e.g. a ValueError about
+   the job or TrainingDiverged, fails the step at once); a stop request (Ctrl-C in the submitter, a
+   lost lease) becomes the file ``gang/stop``, which the trainer turns into a collective
+   checkpoint-and-return.
 
 The run directory must be one shared filesystem path on every host (checkpoints are written
 collectively by orbax into it). Logs of each rank are ``gang/host<rank>.log``; ``gang/attempts.jsonl``
@@ -39,6 +41,9 @@ from typing import Any, Callable
 from ladder.spec import ResourceSpec
 
 POLL_SECONDS = 0.5
+# Exceptions of a rank's training that a restart from the checkpoint would raise again (the job, the
+# data or the divergence is the problem, not a host): the step fails at once instead of retrying.
+NOT_RETRIED = frozenset({"ValueError", "TypeError", "KeyError", "ValidationError", "TrainingDiverged", "FileNotFoundError"})
 
 
 class GangError(RuntimeError):
@@ -167,7 +172,7 @@ def run_gang(
     run_dir = run_dir.removeprefix("file://")
     gang_dir = os.path.join(run_dir, "gang")
     os.makedirs(gang_dir, exist_ok=True)
-    for stale in ("stop", "result.json"):
+    for stale in ("stop", "result.json", *(f"error{rank}.json" for rank in range(resources.hosts))):
         _remove(os.path.join(gang_dir, stale))
     outcome = GangOutcome(result=None)
     failures: list[str] = []
@@ -208,7 +213,7 @@ def run_gang(
             )
             record.update(pids=pids, spawned_s=time.time() - record["started_at"])
             log(f"[gang] {step.name}: attempt {attempt} on {len(set(nodes))} node(s) {nodes}, coordinator {coordinator}")
-            record["outcome"], detail = _supervise(ray, members, gang_dir, should_stop, report_progress, run_dir)
+            record["outcome"], detail = _supervise(ray, members, gang_dir, attempt, should_stop, report_progress, run_dir)
             record["detail"] = detail
         except GangError as error:
             record.update(outcome="unplaced", detail=str(error))
@@ -227,6 +232,9 @@ def run_gang(
                 raise GangError(f"the gang of {step.name} exited cleanly but rank 0 wrote no gang/result.json")
             return outcome
         failures.append(f"attempt {attempt}: {record['detail']}")
+        if record["outcome"] == "error":
+            raise GangError(f"the gang of {step.name} failed and a restart would fail the same way: {record['detail']}. "
+                            f"Tracebacks: {gang_dir}/error<rank>.json; logs: {gang_dir}/host<rank>.log")
         if should_stop():
             break
         if attempt < resources.max_restarts:
@@ -281,8 +289,9 @@ def _place(ray: Any, resources: ResourceSpec, name: str, attempt: int, should_st
             )
 
 
-def _supervise(ray, members, gang_dir, should_stop, report_progress, run_dir) -> tuple[str, str]:
-    """Wait for the members' workers; returns (outcome, detail) with outcome done / stopped / failed."""
+def _supervise(ray, members, gang_dir, attempt, should_stop, report_progress, run_dir) -> tuple[str, str]:
+    """Wait for the members' workers; returns (outcome, detail), outcome one of done / stopped / failed
+    (worth a restart) / error (an exception a restart would raise again)."""
     stop_file = os.path.join(gang_dir, "stop")
     stop_sent = False
     first_exit: float | None = None
@@ -294,7 +303,15 @@ def _supervise(ray, members, gang_dir, should_stop, report_progress, run_dir) ->
         codes = ray.get([m.poll.remote() for m in members], timeout=60)
         failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            return "failed", ", ".join(f"rank {rank} exited with {_describe_exit(code)}" for rank, code in failed)
+            errors = {rank: _read_json(os.path.join(gang_dir, f"error{rank}.json")) for rank, _ in failed}
+            errors = {rank: e for rank, e in errors.items() if e is not None and e.get("attempt") == attempt}
+            detail = ", ".join(
+                f"rank {rank} exited with {_describe_exit(code)}"
+                + (f" ({errors[rank]['type']}: {errors[rank]['message']})" if rank in errors else "")
+                for rank, code in failed
+            )
+            deterministic = any(e["type"] in NOT_RETRIED for e in errors.values())
+            return ("error" if deterministic else "failed"), detail
         if all(code == 0 for code in codes):
             return ("stopped" if stop_sent else "done"), "all ranks exited 0"
         if any(code == 0 for code in codes):

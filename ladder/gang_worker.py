@@ -6,7 +6,8 @@ same ``trainer.train``; rank 0 also runs the step's hooks (live forecast overlay
 ``gang/result.json``. A stop is asked for by the controller with the file ``gang/stop``; the trainer
 makes rank 0's reading of it everyone's, checkpoints and returns.
 
-Exit codes: 0 done or stopped cleanly, 1 any error (the traceback is in this rank's log).
+Exit codes: 0 done or stopped cleanly, 1 an exception in training, also written to ``gang/error<rank>.json``
+(type, message, traceback) so the controller can report it and decide whether a restart can help.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import pickle
 import sys
 import time
+import traceback
 
 
 def main(argv: list[str]) -> int:
@@ -36,14 +38,25 @@ def main(argv: list[str]) -> int:
     hooks = []
     if rank == 0 and gang_task.get("overlay_args") is not None:
         hooks.extend(_overlay_hook(gang_task["overlay_args"]))
-    result = train(gang_task["job"], gang_task["run_dir"], hooks=hooks, should_stop=lambda: os.path.exists(stop_file))
+    try:
+        result = train(gang_task["job"], gang_task["run_dir"], hooks=hooks, should_stop=lambda: os.path.exists(stop_file))
+    except Exception as error:
+        _write_json(os.path.join(gang_dir, f"error{rank}.json"), {
+            "attempt": gang_task["attempt"], "type": type(error).__name__, "message": str(error)[:2000],
+            "traceback": traceback.format_exc()[-6000:],
+        })
+        raise
     if rank == 0:
         payload = result.model_dump(mode="json")
-        tmp = os.path.join(gang_dir, f"result.json.tmp-{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump({**payload, "attempt": gang_task["attempt"], "finished_at": time.time()}, f)
-        os.replace(tmp, os.path.join(gang_dir, "result.json"))
+        _write_json(os.path.join(gang_dir, "result.json"), {**payload, "attempt": gang_task["attempt"], "finished_at": time.time()})
     return 0
+
+
+def _write_json(path: str, payload: dict) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+    os.replace(tmp, path)
 
 
 def _overlay_hook(args: dict) -> list:
@@ -57,8 +70,6 @@ def _overlay_hook(args: dict) -> list:
         )
         return [hook] if hook is not None else []
     except Exception:  # noqa: BLE001 - a forecast view must never stop training
-        import traceback
-
         traceback.print_exc()
         return []
 

@@ -148,6 +148,31 @@ def test_a_gang_the_cluster_cannot_hold_fails_at_once_with_the_reason(tmp_path):
     assert "needs 2 host(s)" in status["last_error"] and "can hold only 0" in status["last_error"]
 
 
+def test_an_error_a_restart_would_repeat_fails_the_gang_at_once_with_the_message(tmp_path):
+    """A batch of 12 on an 8-device data mesh cannot be split: every rank raises the trainer's ValueError;
+    the step fails after one attempt (not max_restarts + 1) and status.json carries the message."""
+    experiment = tmp_path / "bad_mesh.py"
+    experiment.write_text(
+        "from ladder import ResourceSpec, TrainStep\n"
+        "from tests.ladder_helpers import tiny_spec\n"
+        "from trainer.config import TrainConfig\n"
+        "bad = TrainStep(name='bad', spec=tiny_spec(\n"
+        "    train=TrainConfig(tokens=32 * 12 * 10, batch_size=12, mesh={'data': 8}, wandb='disabled', progress=False),\n"
+        "    resources=ResourceSpec(cpus=1, hosts=2, cpu_devices_per_host=4, max_restarts=2)))\n"
+    )
+    root = tmp_path / "root"
+    result = subprocess.run([sys.executable, "-m", "ladder.cli", "submit", str(experiment), "--root", str(root)],
+                            capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    run_dir = _run_dir(root, "bad")
+    attempts = [json.loads(line) for line in (run_dir / "gang" / "attempts.jsonl").read_text().splitlines()]
+    assert [a["outcome"] for a in attempts] == ["error"]
+    assert "ValueError" in attempts[0]["detail"] and "does not split evenly" in attempts[0]["detail"]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "failed" and "a restart would fail the same way" in status["last_error"]
+    assert not any(_alive(pid) for pid in attempts[0]["pids"])
+
+
 @pytest.mark.parametrize(
     "mesh, experts",
     [({"data": 4, "expert": 2}, 4), ({"expert": 8}, 8)],
