@@ -330,8 +330,8 @@ def show(
     step: Optional[str] = typer.Argument(None, help="Step name when TARGET is an experiment."),
     root: Optional[str] = RootOption,
 ) -> None:
-    """Print one step's spec, status and a summary of its metrics."""
-    from ladder.runs import read_metrics
+    """Print one step's spec, status, gang attempts (multi-host steps) and a summary of its metrics."""
+    from ladder.runs import read_jsonl, read_metrics
 
     store = _store(root)
     if step is None:
@@ -358,6 +358,16 @@ def show(
     rows = apply_resume_markers(rows)
     console.rule(f"[bold]{store.url_of(run_dir)}")
     console.print_json(data={"spec": spec, "status": state, "result": result})
+    attempts, _ = read_jsonl(store, f"{run_dir}/gang/attempts.jsonl")
+    if attempts:
+        gang = Table(title=f"gang attempts ({run_dir}/gang/host<rank>.log)")
+        for column in ("attempt", "outcome", "placement", "nodes", "coordinator", "seconds", "detail"):
+            gang.add_column(column)
+        for a in attempts:
+            seconds = a["ended_at"] - a["started_at"] if "ended_at" in a else None
+            gang.add_row(str(a["attempt"]), a.get("outcome", ""), a.get("strategy", ""), ", ".join(a.get("nodes") or []),
+                         a.get("coordinator", ""), _fmt(seconds) if seconds is not None else "", a.get("detail", ""))
+        console.print(gang)
     if rows:
         keys = sorted({k for r in rows for k in r if "/" in k})
         table = Table(title=f"metrics: {len(rows)} rows")

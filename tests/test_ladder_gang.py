@@ -171,6 +171,9 @@ def test_an_error_a_restart_would_repeat_fails_the_gang_at_once_with_the_message
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "failed" and "a restart would fail the same way" in status["last_error"]
     assert not any(_alive(pid) for pid in attempts[0]["pids"])
+    shown = subprocess.run([sys.executable, "-m", "ladder.cli", "show", str(run_dir)], capture_output=True, text=True,
+                           timeout=120, cwd=REPO, env={**os.environ, "COLUMNS": "300"})
+    assert shown.returncode == 0 and "gang attempts" in shown.stdout and "exited with code 1" in shown.stdout
 
 
 @pytest.mark.parametrize(
