@@ -92,7 +92,8 @@ class CapacityRow(BaseModel):
 
 
 def devices_per_host(spec: ExperimentSpec) -> int:
-    per_host = spec.resources.gpus or spec.resources.tpus
+    """Accelerators per host (GPUs or TPU chips), else the fake CPU devices the step asks for, else 1."""
+    per_host = spec.resources.gpus or spec.resources.tpus or spec.resources.cpu_devices_per_host
     return max(1, int(round(per_host))) if per_host else 1
 
 

@@ -284,3 +284,16 @@ def test_plan_accelerator_and_policy_options(tmp_path):
     assert result.exit_code == 2 and "--mfu 1.5" in result.output
     result = runner.invoke(app, args + ["--hbm-headroom", "1.5"])
     assert result.exit_code == 2 and "--hbm-headroom 1.5" in result.output
+
+
+def test_a_cpu_gang_counts_its_fake_devices_per_host():
+    """2 hosts x 4 fake CPU devices (how the multi-process tests run) is 8 devices, as the mesh needs."""
+    from ladder.spec import ExperimentSpec, ResourceSpec
+    from tests.ladder_helpers import tiny_spec
+
+    base = tiny_spec()
+    spec = ExperimentSpec(**{**base.model_dump(), "resources": ResourceSpec(hosts=2, cpu_devices_per_host=4),
+                             "train": {**base.train.model_dump(), "mesh": {"data": 4, "expert": 2}}})
+    row = capacity_row("gang", spec, mfu=0.4)
+    assert (row.hosts, row.devices_per_host, row.devices) == (2, 4, 8)
+    assert not any("more than the resources ask for" in note for note in row.assumptions)
