@@ -16,7 +16,8 @@ Shape of one attempt (run by the step's controller, the Ray task that holds the 
 4. the controller polls the members: all exited 0 -> done; any non-zero exit or lost actor -> tear down
    (kill every worker's process group, kill the actors, remove the placement group) and restart, at most
    ``resources.max_restarts`` times (an exception a restart would raise again, e.g. a ValueError about
-   the job or TrainingDiverged, fails the step at once); a stop request (Ctrl-C in the submitter, a
+   the job or TrainingDiverged, fails the step at once; with ``resources.hang_timeout_s``, a gang whose
+   rank 0 writes no metrics line for that long counts as failed too); a stop request (Ctrl-C in the submitter, a
    lost lease) becomes the file ``gang/stop``, which the trainer turns into a collective
    checkpoint-and-return.
 
@@ -213,7 +214,9 @@ def run_gang(
             )
             record.update(pids=pids, spawned_s=time.time() - record["started_at"])
             log(f"[gang] {step.name}: attempt {attempt} on {len(set(nodes))} node(s) {nodes}, coordinator {coordinator}")
-            record["outcome"], detail = _supervise(ray, members, gang_dir, attempt, should_stop, report_progress, run_dir)
+            record["outcome"], detail = _supervise(
+                ray, members, gang_dir, attempt, should_stop, report_progress, run_dir, resources.hang_timeout_s
+            )
             record["detail"] = detail
         except GangError as error:
             record.update(outcome="unplaced", detail=str(error))
@@ -289,7 +292,9 @@ def _place(ray: Any, resources: ResourceSpec, name: str, attempt: int, should_st
             )
 
 
-def _supervise(ray, members, gang_dir, attempt, should_stop, report_progress, run_dir) -> tuple[str, str]:
+def _supervise(
+    ray, members, gang_dir, attempt, should_stop, report_progress, run_dir, hang_timeout_s
+) -> tuple[str, str]:
     """Wait for the members' workers; returns (outcome, detail), outcome one of done / stopped / failed
     (worth a restart) / error (an exception a restart would raise again)."""
     stop_file = os.path.join(gang_dir, "stop")
@@ -297,6 +302,9 @@ def _supervise(ray, members, gang_dir, attempt, should_stop, report_progress, ru
     first_exit: float | None = None
     progress = _ProgressReader(os.path.join(run_dir, "metrics.jsonl"))
     while True:
+        if hang_timeout_s is not None and time.time() - progress.grew_at > hang_timeout_s:
+            return "failed", (f"no metrics line for {time.time() - progress.grew_at:.0f} s "
+                              f"(resources.hang_timeout_s={hang_timeout_s:g}): the gang is hung")
         if not stop_sent and should_stop():
             open(stop_file, "w").close()
             stop_sent = True
@@ -335,10 +343,16 @@ def _describe_exit(code: int) -> str:
 
 
 class _ProgressReader:
-    """The last eval line of a growing metrics.jsonl, read incrementally (for the lease's progress)."""
+    """The last eval line of a growing metrics.jsonl, read incrementally (for the lease's progress), and
+    when the file last grew (for the hang watchdog)."""
 
     def __init__(self, path: str):
-        self.path, self.offset, self.latest = path, 0, None
+        self.path, self.latest = path, None
+        try:
+            self.offset = os.path.getsize(path)  # an earlier attempt's lines are not this attempt's progress
+        except OSError:
+            self.offset = 0
+        self.grew_at = time.time()  # when the last complete line arrived (or the attempt started)
 
     def read(self) -> dict[str, Any] | None:
         try:
@@ -346,11 +360,12 @@ class _ProgressReader:
                 f.seek(self.offset)
                 chunk = f.read()
         except OSError:
-            return None
+            return self.latest
         end = chunk.rfind(b"\n")
         if end < 0:
-            return None
+            return self.latest
         self.offset += end + 1
+        self.grew_at = time.time()
         for line in chunk[: end + 1].splitlines():
             try:
                 row = json.loads(line)

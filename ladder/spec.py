@@ -53,6 +53,12 @@ class ResourceSpec(BaseModel):
     placement_timeout_s: float = Field(
         600.0, gt=0, description="Multi-process steps: seconds to wait for the cluster to place every host of the gang."
     )
+    hang_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Multi-process steps: restart the gang when rank 0 has written no metrics line for this many "
+        "seconds (a hung collective, a frozen host). Must exceed start-up plus compile and log_every steps; None = never.",
+    )
 
     @field_validator("custom")
     @classmethod

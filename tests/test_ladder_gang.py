@@ -37,6 +37,7 @@ from trainer.config import (DataConfig, MixturePhase, ModelConfig, MoEConfig, Op
 NUM_STEPS = {num_steps}
 MESH = {mesh!r}
 EXPERTS = {experts}
+HANG_TIMEOUT = {hang_timeout}
 
 
 def spec(hosts):
@@ -48,7 +49,7 @@ def spec(hosts):
         optimizer=OptimizerConfig(learning_rate=1e-2, schedule=ScheduleConfig(kind="cosine", warmup=5)),
         train=TrainConfig(tokens=NUM_STEPS * 16 * 32, batch_size=16, eval_every=10, eval_batches=2, log_every=1,
                           checkpoint_every=10, wandb="disabled", progress=False, mesh=MESH),
-        resources=ResourceSpec(cpus=1, hosts=hosts, cpu_devices_per_host=8 // hosts),
+        resources=ResourceSpec(cpus=1, hosts=hosts, cpu_devices_per_host=8 // hosts, hang_timeout_s=HANG_TIMEOUT),
     )
 
 
@@ -57,9 +58,11 @@ two = TrainStep(name="two-process", spec=spec(2))
 '''
 
 
-def _experiment(tmp_path: Path, num_steps: int, mesh: dict[str, int] | None = None, experts: int = 4) -> Path:
+def _experiment(tmp_path: Path, num_steps: int, mesh: dict[str, int] | None = None, experts: int = 4,
+                hang_timeout: float | None = None) -> Path:
     path = tmp_path / "gang_exp.py"
-    path.write_text(EXPERIMENT.format(num_steps=num_steps, mesh=mesh or {"data": 4, "expert": 2}, experts=experts))
+    path.write_text(EXPERIMENT.format(num_steps=num_steps, mesh=mesh or {"data": 4, "expert": 2}, experts=experts,
+                                      hang_timeout=hang_timeout))
     return path
 
 
@@ -109,7 +112,7 @@ def test_gang_bundles_strategy_and_spec_validation():
     assert hosts_that_fit({"CPU": 1.0}, idle_nodes) == 3
     assert hosts_that_fit({"CPU": 1.0, "GPU": 4.0}, idle_nodes) == 1
     assert hosts_that_fit(bundle_of(resources), idle_nodes) == 0
-    for bad in ({"cpu_devices_per_host": 0}, {"max_restarts": -1}, {"placement_timeout_s": 0}):
+    for bad in ({"cpu_devices_per_host": 0}, {"max_restarts": -1}, {"placement_timeout_s": 0}, {"hang_timeout_s": 0}):
         with pytest.raises(ValueError):
             ResourceSpec(**bad)
 
@@ -302,3 +305,34 @@ def test_a_killed_submitter_leaves_no_gang_behind_and_the_next_submit_resumes(tw
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "done"
     assert set(_placement_group_states(two_node_cluster)) == {"REMOVED"}
+
+
+@pytest.mark.slow
+def test_a_frozen_member_trips_the_hang_watchdog_and_the_gang_restarts(tmp_path):
+    """SIGSTOP of rank 1 mid-run: nobody exits, rank 0 waits in a collective; with hang_timeout_s=15 the
+    controller sees no metrics line for 15 s, tears the gang down (SIGKILL reaches the stopped process)
+    and restarts it from the newest checkpoint; the run finishes."""
+    experiment, root = _experiment(tmp_path, num_steps=40, hang_timeout=15.0), tmp_path / "root"
+    process = subprocess.Popen([sys.executable, "-m", "ladder.cli", "submit", str(experiment), "--root", str(root), "two-process"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True)
+    try:
+        deadline, frozen = time.time() + 300, None
+        while time.time() < deadline and frozen is None:
+            runs = list(root.glob("runs/two-process-*"))
+            if runs and (runs[0] / "metrics.jsonl").exists() and len(_losses(runs[0])) >= 12:
+                frozen = int((runs[0] / "gang" / "host1.pid").read_text())
+                os.kill(frozen, signal.SIGSTOP)
+            time.sleep(0.2)
+        assert frozen is not None, "the gang never reached step 12"
+        output, _ = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, output[-4000:]
+    run_dir = _run_dir(root, "two-process")
+    attempts = [json.loads(line) for line in (run_dir / "gang" / "attempts.jsonl").read_text().splitlines()]
+    assert [a["outcome"] for a in attempts] == ["failed", "done"], attempts
+    assert "the gang is hung" in attempts[0]["detail"] and frozen in attempts[0]["pids"]
+    assert not any(_alive(pid) for a in attempts for pid in a["pids"])
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["completed"] and result["resumed_from_step"] in (10, 20)
