@@ -97,6 +97,25 @@ def _placement_group_states(address: str) -> list[str]:
     return json.loads(tables.stdout.split("PGS", 1)[1])
 
 
+def _signal_rank_and_finish(process: subprocess.Popen, root: Path, *, rank: int, at_step: int, sig: int) -> tuple[int, str]:
+    """Send `sig` to the gang's rank `rank` once the run has logged `at_step` steps, then wait for the
+    submitter; returns (the signalled pid, the submitter's output). The submitter is killed if anything fails."""
+    try:
+        deadline, signalled = time.time() + 300, None
+        while time.time() < deadline and signalled is None:
+            runs = list(root.glob("runs/two-process-*"))
+            if runs and (runs[0] / "metrics.jsonl").exists() and len(_losses(runs[0])) >= at_step:
+                signalled = int((runs[0] / "gang" / f"host{rank}.pid").read_text())
+                os.kill(signalled, sig)
+            time.sleep(0.2)
+        assert signalled is not None, f"the gang never reached step {at_step}"
+        output, _ = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return signalled, output
+
+
 # ----------------------------------------------------------------------------------- pure parts
 
 
@@ -228,20 +247,7 @@ def test_killing_a_gang_member_restarts_the_gang_from_its_checkpoint_on_two_node
 
     process = subprocess.Popen([*submit, "two-process"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                cwd=REPO, env=_env(), start_new_session=True)
-    try:
-        deadline, killed = time.time() + 300, None
-        while time.time() < deadline and killed is None:
-            runs = list(root.glob("runs/two-process-*"))
-            metrics = runs[0] / "metrics.jsonl" if runs else None
-            if metrics is not None and metrics.exists() and len(_losses(runs[0])) >= 22:
-                killed = int((runs[0] / "gang" / "host1.pid").read_text())
-                os.kill(killed, signal.SIGKILL)
-            time.sleep(0.2)
-        assert killed is not None, "the gang never reached step 22"
-        output, _ = process.communicate(timeout=600)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    killed, output = _signal_rank_and_finish(process, root, rank=1, at_step=22, sig=signal.SIGKILL)
     assert process.returncode == 0, output[-4000:]
     run_dir = _run_dir(root, "two-process")
     attempts = [json.loads(line) for line in (run_dir / "gang" / "attempts.jsonl").read_text().splitlines()]
@@ -315,19 +321,7 @@ def test_a_frozen_member_trips_the_hang_watchdog_and_the_gang_restarts(tmp_path)
     experiment, root = _experiment(tmp_path, num_steps=40, hang_timeout=15.0), tmp_path / "root"
     process = subprocess.Popen([sys.executable, "-m", "ladder.cli", "submit", str(experiment), "--root", str(root), "two-process"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True)
-    try:
-        deadline, frozen = time.time() + 300, None
-        while time.time() < deadline and frozen is None:
-            runs = list(root.glob("runs/two-process-*"))
-            if runs and (runs[0] / "metrics.jsonl").exists() and len(_losses(runs[0])) >= 12:
-                frozen = int((runs[0] / "gang" / "host1.pid").read_text())
-                os.kill(frozen, signal.SIGSTOP)
-            time.sleep(0.2)
-        assert frozen is not None, "the gang never reached step 12"
-        output, _ = process.communicate(timeout=600)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    frozen, output = _signal_rank_and_finish(process, root, rank=1, at_step=12, sig=signal.SIGSTOP)
     assert process.returncode == 0, output[-4000:]
     run_dir = _run_dir(root, "two-process")
     attempts = [json.loads(line) for line in (run_dir / "gang" / "attempts.jsonl").read_text().splitlines()]
