@@ -12,6 +12,10 @@ holder dies, its heartbeat stops, the lease goes stale after `LADDER_LEASE_TTL` 
 waiting submitter launches a new attempt that takes it over. A training step's new attempt gets
 the same run directory back, so the trainer resumes from its newest checkpoint.
 
+A training step that spans hosts (or asks for its own processes with `cpu_devices_per_host`) runs
+through `ladder.gang`: the Ray task that holds its lease becomes the gang's controller and reserves
+the hosts as one placement group; lease, heartbeat and status.json work exactly as for one host.
+
 Ctrl-C asks running steps to stop (through status.json, which their heartbeat reads), waits for
 them to checkpoint, and marks them interrupted; a second Ctrl-C stops at once. Either way every
 status.json ends true.

@@ -51,7 +51,10 @@ class ResourceSpec(BaseModel):
         2, ge=0, description="Multi-process steps: times the whole gang is restarted from its newest checkpoint after a member dies."
     )
     placement_timeout_s: float = Field(
-        600.0, gt=0, description="Multi-process steps: seconds to wait for the cluster to place every host of the gang."
+        600.0,
+        gt=0,
+        description="Multi-process steps: seconds to wait for the cluster to place every host of the gang (a gang the "
+        "cluster cannot hold even when idle fails at once unless LADDER_GANG_AUTOSCALE=1).",
     )
     hang_timeout_s: float | None = Field(
         None,
