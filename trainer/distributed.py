@@ -11,7 +11,8 @@ What stays per process and what must agree:
 - each process feeds only its rows of the global batch (``DataPipeline.train_batch(process_index=...)``),
   still a pure function of (seed, step), so any process can be restarted and reproduce its slice;
 - host-side decisions that gate a collective (stop now? save a checkpoint now?) must be identical in
-  every process or the gang deadlocks; ``agree`` makes process 0's decision everyone's;
+  every process or the gang deadlocks; ``agree`` makes process 0's decision everyone's, every
+  ``SYNC_EVERY`` steps (a stop takes effect within that many steps);
 - metrics.jsonl, W&B, faults.json and hooks belong to process 0 alone (``is_primary``); per-host
   throughput reaches it through ``gather``.
 """
@@ -24,6 +25,11 @@ import jax
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+# Steps between the host-side agreements of a multi-process run (stop? time-based save? per-host clocks).
+# Each one is a small collective whose result the host waits for, which stalls the one-step-ahead
+# dispatch of the train step; doing it every step would cost that stall every step.
+SYNC_EVERY = 10
 
 
 def initialize(

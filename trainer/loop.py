@@ -396,7 +396,8 @@ def train(
             values["throughput/tokens_per_second"] = steps_done * tokens_per_step / seconds
             if peak:
                 values["throughput/mfu"] = steps_done * flops_per_step / seconds / peak
-            if process_count > 1:  # every host's own clock: a slow host shows here first
+            if process_count > 1 and (done_step % distributed.SYNC_EVERY == 0 or done_step == num_steps):
+                # every host's own clock (a slow host shows here first), gathered only at the sync cadence
                 for host, host_seconds in enumerate(distributed.gather(seconds)):
                     values[f"throughput/host{host}/tokens_per_second"] = steps_done * tokens_per_step / max(1e-9, host_seconds)
             interval.update(step=done_step, time=now, excluded=0.0)
@@ -433,10 +434,14 @@ def train(
 
     try:
         while step < num_steps:
-            stop_now = should_stop is not None and should_stop()
-            if process_count > 1:  # a save or a stop is collective: every process acts on process 0's view
-                stop_now, time_due = distributed.agree([stop_now, checkpointer.due_by_time()])
-                checkpointer.force_next = time_due
+            if process_count == 1:
+                stop_now = should_stop is not None and should_stop()
+            elif step % distributed.SYNC_EVERY == 0:  # a stop or a save is collective: process 0 decides
+                stop_now, checkpointer.force_next = distributed.agree(
+                    [should_stop is not None and should_stop(), checkpointer.due_by_time()]
+                )
+            else:
+                stop_now, checkpointer.force_next = False, False
             if stop_now:
                 stopped = True
                 break
