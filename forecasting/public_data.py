@@ -8,7 +8,7 @@ Provenance of every file: shared/data/README.md.
 from __future__ import annotations
 
 import json
-import os
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +17,14 @@ import pandas as pd
 from forecasting.table import validate_table
 
 
+def data_dir() -> Path:
+    """The public data shipped inside the package (forecasting/data/, provenance in its PROVENANCE.md)."""
+    return Path(str(resources.files("forecasting") / "data"))
+
+
 def shared_data_dir() -> Path | None:
-    """$LADDER_SHARED_DATA, else shared/data next to or inside the repository; None when absent."""
-    env = os.environ.get("LADDER_SHARED_DATA")
-    repo = Path(__file__).resolve().parents[1]
-    for cand in ([Path(env)] if env else []) + [repo / "shared" / "data", repo.parent / "shared" / "data"]:
-        if cand.is_dir():
-            return cand
-    return None
+    """Deprecated alias of data_dir() (kept while callers move)."""
+    return data_dir()
 
 
 def chinchilla_points(path: str | Path, *, drop_highest: int = 5) -> pd.DataFrame:
