@@ -43,6 +43,7 @@ class TargetSpec(BaseModel):
     flops_per_token: float | None = Field(None, gt=0, description="Training FLOPs per token (one convention with the ladder).")
     total_flops: float | None = Field(None, gt=0, description="Planned total FLOPs; default flops_per_token*tokens, else 6*N*D.")
     lr: list[float] | None = Field(None, description="LR at every step 1..num_steps (the schedule), when known.")
+    unique_tokens: float | None = Field(None, gt=0, description="Unique tokens of the data (repeated-epoch runs), when known.")
 
     def planned_flops(self) -> float:
         if self.total_flops is not None:
@@ -96,6 +97,11 @@ class Forecast(BaseModel):
     params: dict[str, Interval] = Field(default_factory=dict, description="Law parameters with intervals.")
     backtest: list[BacktestResult] = Field(default_factory=list, description="This method's errors on this ladder.")
     band_terms: dict[str, float] = Field(default_factory=dict, description="Relative sigma of each band term at the final step.")
+    selection: list[dict] = Field(
+        default_factory=list,
+        description="method='auto': every candidate method with its backtest error on this table (or why it was "
+        "not applicable); the chosen one is marked `chosen`.",
+    )
     warnings: list[str] = Field(default_factory=list)
 
     def to_json(self, **kw) -> str:

@@ -1,0 +1,276 @@
+"""Final-loss surfaces beyond Chinchilla: forms that extrapolate in tokens per parameter and in sparsity.
+
+Why more than one surface: a ladder is usually trained near one tokens-per-parameter ratio while the
+hero is often far from it (over-trained for inference, or a MoE with many more total than active
+parameters). Chinchilla's form fits the ladder but says little about those directions; each form
+below adds one assumption about them, and `forecasting.api` picks among them by how well each one
+predicted the ladder's own larger runs (a backtest), never by which columns happen to exist.
+
+Forms (N = active parameters, D = tokens, N_t = total parameters, U = unique tokens):
+- `overtrain`  Gadre et al. 2024: L = E + A/N^eta + B/D^eta, one exponent for both terms. Written in
+  compute C = 6ND and the token multiplier M = D/N it is L = E + (a M^(eta/2) + b M^(-eta/2)) C^(-eta/2):
+  at a fixed M the loss is a power law in C with the same exponent for every M, which is what their
+  over-training ladders show and what makes extrapolation in M stable.
+- `farseer`    a data exponent that moves with model size (Farseer, Li et al. 2025, simplified):
+  L = E + A/N^alpha + B/D^(beta(N)),  beta(N) = beta0 + beta1 * ln(N / N_ref).
+- `moe`        active and total parameters (sparsity; Ludziejewski et al. 2025 and Krajewski et al.
+  2024 read through an effective size): N_eff = N * (N_t / N)^kappa, L = E + A/N_eff^alpha + B/D^beta.
+  kappa = 0: only active parameters count; kappa = 1: total parameters count fully.
+- `data_constrained`  Muennighoff et al. 2023: repeated tokens are worth less,
+  D_eff = U + U R* (1 - exp(-(D/U - 1)/R*)) for D > U (D_eff = D otherwise), L = E + A/N^alpha + B/D_eff^beta.
+
+Every form is fitted like Chinchilla (Epoch's protocol): Huber (delta 1e-3) on log-loss residuals,
+several starts, bounded trust-region least squares to tight tolerances. Pure numerics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from forecasting.fitting import HUBER_DELTA, FitError, fit_chinchilla
+
+N_REF = 1e9  # the size at which farseer's beta(N) equals beta0 (a fixed reference keeps parameters readable)
+
+
+@dataclass(frozen=True)
+class Surface:
+    """A named final-loss form: parameter names, a predictor and a starting-point generator."""
+
+    name: str
+    names: tuple[str, ...]
+    predict_fn: Callable[[np.ndarray, dict], np.ndarray]
+    starts_fn: Callable[[dict], list[np.ndarray]]
+    bounds: tuple[np.ndarray, np.ndarray]
+    needs: tuple[str, ...] = ()
+    formula_fn: Callable[[dict], str] = field(default=lambda p: "")
+
+    def applicable(self, final: pd.DataFrame) -> str | None:
+        """None when the form can be fitted to these final points, else the reason it cannot."""
+        for c in ("params_active", "tokens", *self.needs):
+            if c not in final.columns:
+                return f"needs column {c!r}"
+        if len(final) < len(self.names) + 1:
+            return f"{len(self.names)} parameters need at least {len(self.names) + 1} finished runs; got {len(final)}"
+        if final["params_active"].nunique() < 2:
+            return "needs at least two model sizes"
+        if self.name == "moe":
+            ratio = final["params_total"] / final["params_active"]
+            if np.ptp(np.log(ratio.to_numpy(float))) < 0.1:
+                return "the ladder does not vary sparsity (total/active parameters): kappa is not identifiable"
+        if self.name == "data_constrained" and not (final["tokens"] > 1.01 * final["unique_tokens"]).any():
+            return "no run repeats its data (tokens <= unique_tokens everywhere)"
+        if self.name == "farseer" and final["params_active"].nunique() < 3:
+            return "a size-dependent data exponent needs at least three model sizes"
+        return None
+
+
+@dataclass
+class SurfaceFit:
+    """A fitted surface: its parameters (natural units), objective and convergence."""
+
+    surface: Surface
+    params: dict[str, float]
+    objective: float
+    converged: bool
+
+    def predict(self, data: dict[str, np.ndarray]) -> np.ndarray:
+        return self.surface.predict_fn(_as_arrays(data), self.params)
+
+    def formula(self) -> str:
+        return self.surface.formula_fn(self.params)
+
+
+def _as_arrays(data) -> dict[str, np.ndarray]:
+    if isinstance(data, pd.DataFrame):
+        return {c: data[c].to_numpy(float) for c in data.columns if c in _COLS}
+    return {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in data.items() if v is not None}
+
+
+_COLS = ("params_active", "tokens", "params_total", "unique_tokens")
+
+
+def _chin(n, d, p, beta=None):
+    b = p["beta"] if beta is None else beta
+    return p["E"] + p["A"] / n ** p["alpha"] + p["B"] / d**b
+
+
+def _pred_overtrain(x, p):
+    return p["E"] + p["A"] / x["params_active"] ** p["eta"] + p["B"] / x["tokens"] ** p["eta"]
+
+
+def _pred_farseer(x, p):
+    n = x["params_active"]
+    beta = p["beta0"] + p["beta1"] * np.log(n / N_REF)
+    return p["E"] + p["A"] / n ** p["alpha"] + p["B"] / x["tokens"] ** np.maximum(beta, 1e-3)
+
+
+def _pred_moe(x, p):
+    n = x["params_active"]
+    n_eff = n * (x["params_total"] / n) ** p["kappa"]
+    return p["E"] + p["A"] / n_eff ** p["alpha"] + p["B"] / x["tokens"] ** p["beta"]
+
+
+def effective_tokens(tokens: np.ndarray, unique: np.ndarray, r_star: float) -> np.ndarray:
+    """Muennighoff et al. 2023: U + U R* (1 - exp(-R/R*)), R = D/U - 1 repetitions (D itself when D <= U)."""
+    reps = np.maximum(tokens / unique - 1.0, 0.0)
+    return np.where(reps > 0, unique + unique * r_star * (1 - np.exp(-reps / r_star)), tokens)
+
+
+def _pred_dc(x, p):
+    d_eff = effective_tokens(x["tokens"], x["unique_tokens"], p["R_star"])
+    return p["E"] + p["A"] / x["params_active"] ** p["alpha"] + p["B"] / d_eff ** p["beta"]
+
+
+def _fmt(p: dict, keys: tuple[str, ...]) -> str:
+    return ", ".join(f"{k}={p[k]:.4g}" for k in keys)
+
+
+def _chin_start(ctx: dict) -> dict:
+    law = ctx.get("chinchilla")
+    if law is None:
+        return {"E": 1.5, "A": 400.0, "B": 400.0, "alpha": 0.34, "beta": 0.28}
+    return {"E": law.E, "A": law.A, "B": law.B, "alpha": law.alpha, "beta": law.beta}
+
+
+def _starts_overtrain(ctx):
+    c = _chin_start(ctx)
+    out = []
+    for eta in sorted({0.5 * (c["alpha"] + c["beta"]), 0.2, 0.35, 0.5}):
+        out.append(np.array([c["E"], c["A"], c["B"], eta]))
+    return out
+
+
+def _starts_farseer(ctx):
+    c = _chin_start(ctx)
+    return [np.array([c["E"], c["A"], c["B"], c["alpha"], c["beta"], b1]) for b1 in (0.0, -0.02, 0.02)]
+
+
+def _starts_moe(ctx):
+    c = _chin_start(ctx)
+    return [np.array([c["E"], c["A"], c["B"], c["alpha"], c["beta"], k]) for k in (0.0, 0.2, 0.5)]
+
+
+def _starts_dc(ctx):
+    c = _chin_start(ctx)
+    return [np.array([c["E"], c["A"], c["B"], c["alpha"], c["beta"], r]) for r in (5.0, 15.0, 40.0)]
+
+
+_POS = 1e-9
+SURFACES: dict[str, Surface] = {
+    "overtrain": Surface(
+        "overtrain", ("E", "A", "B", "eta"), _pred_overtrain, _starts_overtrain,
+        (np.array([0.0, _POS, _POS, 0.01]), np.array([20.0, 1e12, 1e12, 2.0])),
+        formula_fn=lambda p: f"L(N, D) = {p['E']:.4g} + {p['A']:.4g}/N^{p['eta']:.4g} + {p['B']:.4g}/D^{p['eta']:.4g}  (Gadre: one exponent; L = E + (a M^(eta/2) + b M^(-eta/2)) C^(-eta/2))",
+    ),
+    "farseer": Surface(
+        "farseer", ("E", "A", "B", "alpha", "beta0", "beta1"), _pred_farseer, _starts_farseer,
+        (np.array([0.0, _POS, _POS, 0.01, 0.01, -0.3]), np.array([20.0, 1e12, 1e12, 2.0, 2.0, 0.3])),
+        formula_fn=lambda p: f"L(N, D) = {p['E']:.4g} + {p['A']:.4g}/N^{p['alpha']:.4g} + {p['B']:.4g}/D^(beta(N)),  beta(N) = {p['beta0']:.4g} + {p['beta1']:.4g} ln(N/1e9)",
+    ),
+    "moe": Surface(
+        "moe", ("E", "A", "B", "alpha", "beta", "kappa"), _pred_moe, _starts_moe,
+        (np.array([0.0, _POS, _POS, 0.01, 0.01, -0.5]), np.array([20.0, 1e12, 1e12, 2.0, 2.0, 1.5])),
+        needs=("params_total",),
+        formula_fn=lambda p: f"L = {p['E']:.4g} + {p['A']:.4g}/N_eff^{p['alpha']:.4g} + {p['B']:.4g}/D^{p['beta']:.4g},  N_eff = N (N_total/N)^{p['kappa']:.4g}",
+    ),
+    "data_constrained": Surface(
+        "data_constrained", ("E", "A", "B", "alpha", "beta", "R_star"), _pred_dc, _starts_dc,
+        (np.array([0.0, _POS, _POS, 0.01, 0.01, 0.1]), np.array([20.0, 1e12, 1e12, 2.0, 2.0, 1e4])),
+        needs=("unique_tokens",),
+        formula_fn=lambda p: f"L = {p['E']:.4g} + {p['A']:.4g}/N^{p['alpha']:.4g} + {p['B']:.4g}/D_eff^{p['beta']:.4g},  D_eff = U + U R* (1 - exp(-R/R*)), R* = {p['R_star']:.4g}",
+    ),
+}
+
+
+def fit_surface(
+    name: str, final: pd.DataFrame, *, weights: np.ndarray | None = None, start: dict | None = None,
+    delta: float = HUBER_DELTA,
+) -> SurfaceFit:
+    """Fit surface `name` to final points (columns params_active, tokens, loss, and what the form needs).
+
+    Parameters are optimised in log space where they are positive (E, A, B, R*), exponents as they are;
+    Huber on log residuals through least_squares(loss="huber", f_scale=delta). Starts: the Chinchilla
+    fit on the same points (its varpro grid search finds the basin), a few spread values of the form's
+    own extra parameter, and `start` (a warm start for bootstrap refits).
+    """
+    surface = SURFACES[name]
+    reason = surface.applicable(final)
+    if reason:
+        raise FitError(f"the {name} law cannot be fitted here: {reason}")
+    x = _as_arrays(final)
+    y = final["loss"].to_numpy(float)
+    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
+        raise FitError("losses must be finite and positive")
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=float)
+    keep = w > 0
+    x = {k: v[keep] for k, v in x.items()}
+    y, w = y[keep], w[keep]
+    if len(y) < len(surface.names) + 1 or len(np.unique(x["params_active"])) < 2:
+        raise FitError("too few distinct points with positive weight")
+    ctx: dict = {}
+    try:
+        law, diag = fit_chinchilla(x["params_active"], x["tokens"], y, weights=w, n_polish=2)
+        if diag.converged:
+            ctx["chinchilla"] = law
+    except FitError:
+        pass
+    starts = surface.starts_fn(ctx)
+    if start is not None:
+        starts.insert(0, np.array([start[k] for k in surface.names]))
+    log_idx = [i for i, k in enumerate(surface.names) if k in ("E", "A", "B", "R_star")]
+    lo, hi = surface.bounds
+    sw = np.sqrt(w)
+    logy = np.log(y)
+
+    def unpack(z):
+        th = z.copy()
+        th[log_idx] = np.exp(z[log_idx])
+        return dict(zip(surface.names, th, strict=True))
+
+    def resid(z):
+        pred = surface.predict_fn(x, unpack(z))
+        return sw * (np.log(np.maximum(pred, 1e-12)) - logy)
+
+    zlo, zhi = lo.astype(float).copy(), hi.astype(float).copy()
+    zlo[log_idx] = np.log(np.maximum(lo[log_idx], 1e-12))
+    zhi[log_idx] = np.log(hi[log_idx])
+    zlo[surface.names.index("E")] = np.log(1e-3)
+    zhi[surface.names.index("E")] = np.log(max(float(y.min()) * (1 - 1e-6), 2e-3))
+    best = None
+    for s0 in starts:
+        z0 = np.asarray(s0, dtype=float).copy()
+        z0[log_idx] = np.log(np.maximum(z0[log_idx], 1e-12))
+        z0 = np.clip(z0, zlo + 1e-9, zhi - 1e-9)
+        try:
+            res = least_squares(resid, z0, bounds=(zlo, zhi), loss="huber", f_scale=delta,
+                                xtol=1e-12, ftol=1e-14, gtol=1e-12, max_nfev=4000)
+        except (ValueError, FloatingPointError):
+            continue
+        if np.isfinite(res.cost) and (best is None or res.cost < best.cost):
+            best = res
+    if best is None:
+        raise FitError(f"the {name} law did not converge from any start")
+    params = {k: float(v) for k, v in unpack(best.x).items()}
+    converged = bool(best.status > 0 and np.all(np.isfinite(best.x)))
+    return SurfaceFit(surface=surface, params=params, objective=float(best.cost) * delta, converged=converged)
+
+
+def surface_allocation(fit: SurfaceFit, flops: float, *, tokens_per_param_range=(1.0, 5000.0), n_grid: int = 400,
+                       extra: dict | None = None) -> dict:
+    """The loss-optimal (N, D) at compute C = 6ND for a fitted surface (numerical: a grid in log N, refined)."""
+    c = float(flops)
+    ratios = np.geomspace(*tokens_per_param_range, n_grid)
+    n = np.sqrt(c / (6 * ratios))
+    d = c / (6 * n)
+    data = {"params_active": n, "tokens": d}
+    for k, v in (extra or {}).items():
+        data[k] = np.full_like(n, float(v)) if np.ndim(v) == 0 else v
+    loss = fit.predict(data)
+    i = int(np.argmin(loss))
+    return {"flops": c, "params_opt": float(n[i]), "tokens_opt": float(d[i]), "tokens_per_param": float(ratios[i]),
+            "loss_opt": float(loss[i]), "at_edge": bool(i in (0, n_grid - 1))}
