@@ -180,18 +180,44 @@ def execute_step(task: StepTask) -> dict[str, Any]:
         try:
             result, completed = _run_step_body(step, context, task, store)
         except BaseException as error:  # noqa: BLE001 - every failure must reach status.json
-            message = f"{type(error).__name__}: {error}\n{traceback.format_exc()[-4000:]}"
+            message = _record_failure(store, run_dir, error)
             store.finish(run_dir, task.owner, "failed", error=message)
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 raise
-            return {"outcome": "failed", "error": f"{type(error).__name__}: {error}"}
+            return {"outcome": "failed", "error": message}
     if not completed:
         reason = "stop requested" if heartbeat.lost.is_set() else "stopped early"
-        store.finish(run_dir, task.owner, "interrupted", error=reason)
+        store.finish(run_dir, task.owner, "interrupted", error=reason, extra=_final_progress(result))
         return {"outcome": "interrupted", "result": result}
     store.write_json(f"{run_dir}/result.json", result)
-    store.finish(run_dir, task.owner, "done")
+    store.finish(run_dir, task.owner, "done", extra=_final_progress(result))
     return {"outcome": "done", "result": result}
+
+
+ERROR_LOG = "error.log"
+
+
+def _record_failure(store: Store, run_dir: str, error: BaseException) -> str:
+    """Append the traceback to run_dir/error.log; return the one-line reason status.json keeps."""
+    reason = " ".join(f"{type(error).__name__}: {error}".split())
+    if len(reason) > 1000:
+        reason = reason[:997] + "..."
+    log_path = f"{run_dir}/{ERROR_LOG}"
+    try:
+        store.append_text(log_path, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {reason}\n{traceback.format_exc()}\n")
+    except Exception:  # noqa: BLE001 - the reason still reaches status.json
+        return reason
+    return f"{reason} (traceback in {store.url_of(log_path)})"
+
+
+def _final_progress(result: Any) -> dict[str, Any] | None:
+    """status.json's `progress` at the end of a training attempt (the heartbeat may not have written the last step)."""
+    if not isinstance(result, dict) or not isinstance(result.get("steps"), int):
+        return None
+    progress: dict[str, Any] = {"step": result["steps"]}
+    if result.get("final_eval_loss") is not None:
+        progress["eval/loss"] = result["final_eval_loss"]
+    return {"progress": progress}
 
 
 def _write_spec(store: Store, run_dir: str, task: StepTask) -> None:

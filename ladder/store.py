@@ -121,6 +121,21 @@ class Store:
         else:
             self.fs.pipe_file(path, data)
 
+    def append_text(self, path: str, text: str) -> None:
+        """Append to a log file (object stores: read, then rewrite the whole object)."""
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        if self.is_local:
+            with open(path, "a") as handle:
+                handle.write(text)
+            return
+        with self._guard(path):
+            try:
+                with self.fs.open(path, "rb") as handle:
+                    old = handle.read()
+            except FileNotFoundError:
+                old = b""
+            self.fs.pipe_file(path, old + text.encode())
+
     def create_json_exclusive(self, path: str, obj: Any) -> bool:
         """Create `path` only if it does not exist; False if it does (never overwrites)."""
         data = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
@@ -235,6 +250,8 @@ class Store:
             status.pop("stop_requested", None)
             if error is not None:
                 status["last_error"] = error
+            elif state == "done":
+                status.pop("last_error", None)  # an earlier attempt's error no longer describes the step
             status.setdefault("history", []).append({"event": state, "at": now, "owner": owner, **({"error": error[-500:]} if error else {})})
             if extra:
                 status.update(extra)

@@ -230,12 +230,16 @@ def train(
     _init_params_and_opt = jax.jit(init_params_and_opt, out_shardings=(param_shardings, opt_shardings))
 
     def initial_state():
+        # Built anew on every call: the train step donates its state, so an array kept from an earlier
+        # call (router_state0 itself, when device_put hands it back unchanged) may already be deleted.
+        # A rollback with no checkpoint yet starts again from here.
         params, opt_state = _init_params_and_opt(key)
+        router_state = jax.tree.map(np.array, router_state0)  # a host copy; device_put makes a fresh buffer
         return {
             "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
             "params": params,
             "opt_state": opt_state,
-            "router_state": jax.device_put(router_state0, state_shardings["router_state"]),
+            "router_state": jax.device_put(router_state, state_shardings["router_state"]),
         }
 
     eval_dispatch = "ragged" if (tcfg.eval_dispatch == "dropless" and cfg.moe is not None) else None
