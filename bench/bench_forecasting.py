@@ -25,7 +25,7 @@ from scipy.optimize import minimize
 
 from forecasting.bootstrap import run_weights
 from forecasting.fitting import chinchilla_log_params, chinchilla_objective, fit_chinchilla
-from forecasting.public_data import chinchilla_points, shared_data_dir
+from forecasting.public_data import chinchilla_points, data_dir
 
 
 def baseline_fit(log_n, log_d, log_l, w, starts):
@@ -46,9 +46,7 @@ def main() -> None:
     ap.add_argument("--boots", type=int, default=1000)
     ap.add_argument("--baseline-boots", type=int, default=3)
     args = ap.parse_args()
-    data = shared_data_dir()
-    if data is None:
-        raise SystemExit("shared/data not found (set LADDER_SHARED_DATA)")
+    data = data_dir()
     t = chinchilla_points(data / "chinchilla_svg_extracted_data.csv")
     n, d, y = (t[c].to_numpy(float) for c in ("params_active", "tokens", "loss"))
     log_n, log_d, log_l = np.log(n), np.log(d), np.log(y)

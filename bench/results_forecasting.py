@@ -17,7 +17,7 @@ import numpy as np
 
 from forecasting.api import TargetSpec, fit_ladder, forecast_target, refit_forecast
 from forecasting.matched_progress import marin_baseline
-from forecasting.public_data import chinchilla_points, linear_decay_schedule, marin_ladder, shared_data_dir
+from forecasting.public_data import chinchilla_points, data_dir, linear_decay_schedule, marin_ladder
 
 EPOCH_95 = {"E": (1.769, 1.871), "A": (285, 744), "B": (1042, 5810), "alpha": (0.317, 0.373), "beta": (0.331, 0.415)}
 
@@ -26,8 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--boots", type=int, default=200)
     args = ap.parse_args()
-    data = shared_data_dir()
-    assert data is not None
+    data = data_dir()
 
     chin = chinchilla_points(data / "chinchilla_svg_extracted_data.csv")
     fit = fit_ladder(chin, law="chinchilla", n_bootstrap=args.boots)

@@ -8,7 +8,7 @@ the schedule; the per-g fits chain into a whole predicted curve.
 - `marin_baseline` reproduces Marin's `plot_scaling_ladder.py` (commit d23e6e9c) exactly: fractions
   snapped to a 5% grid (a later eval overwrites an earlier one in the same cell, as Marin's dict
   does), a crashed rung extended by a line through its last five grid points plus Marin's +0.005,
-  and per-g OLS of log(L - 1.5) on log C. On shared/data/marin_535b_ladder it gives 2.0388 at g = 1.
+  and per-g OLS of log(L - 1.5) on log C. On forecasting/data/marin_535b_ladder it gives 2.0388 at g = 1.
   Its constants (1.5, +0.005) are Marin's choices and are kept only to reproduce the baseline.
 - `fit_profiled` is our variant: one asymptote E shared by every fraction and chosen by profiling
   (the E that minimises the total log-space residual over all fractions: the fitted L0 of

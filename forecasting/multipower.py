@@ -40,7 +40,7 @@ default for ``predict``; fits use ``group=16`` (the approximation changes predic
 relative on the public schedules; see the tests). Rows are processed in blocks that skip the decay groups
 lying after the block's last step.
 
-Data of the public backtest (``shared/data/multipowerlaw``): files log (step, lr, loss) every 128
+Data of the public backtest (``forecasting/data/multipowerlaw``): files log (step, lr, loss) every 128
 steps after a 2,160-step linear warmup; ``multipowerlaw_schedule`` rebuilds the per-step schedule from
 the file name exactly as the paper's repository describes its runs (peak 3e-4, cosine/WSD to 3e-5,
 ``wsdcon_N``: 3e-4 until step 8,000 then N*1e-5) and ``load_multipowerlaw_curve`` checks the rebuilt
@@ -1002,7 +1002,7 @@ def load_multipowerlaw_curve(path: str | Path) -> CurveData:
 
 
 def load_multipowerlaw_dir(folder: str | Path) -> dict[str, CurveData]:
-    """All curves of one model size (e.g. ``shared/data/multipowerlaw/csv_100``), keyed by file stem."""
+    """All curves of one model size (e.g. ``forecasting/data/multipowerlaw/csv_100``), keyed by file stem."""
     return {p.stem: load_multipowerlaw_curve(p) for p in sorted(Path(folder).glob("*.csv"))}
 
 
@@ -1072,8 +1072,8 @@ def _markdown(results: dict[str, dict[str, Any]]) -> str:
 if __name__ == "__main__":  # pragma: no cover - report generator
     import sys
 
-    from forecasting.public_data import shared_data_dir
+    from forecasting.public_data import data_dir
 
-    root = sys.argv[1] if len(sys.argv) > 1 else str((shared_data_dir() or Path("shared/data")) / "multipowerlaw")
+    root = sys.argv[1] if len(sys.argv) > 1 else str(data_dir() / "multipowerlaw")
     n_boot = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     print(_markdown(backtest_multipowerlaw_data(root, n_boot=n_boot)))

@@ -1,8 +1,10 @@
-"""Loaders that turn the public data in shared/data/ into tables of runs (the backtest sets).
+"""The public data that ships inside the package (forecasting/data/) and loaders that turn it into tables of runs.
 
-Why here: the must-pass tests and the benches read the same files; one loader each keeps the
-column conventions (D = FLOP/(6N) for Chinchilla, compute without lm_head for Marin) in one place.
-Provenance of every file: shared/data/README.md.
+Why here: the must-pass tests, the benches, `ladder import ... marin-published` and `ladder plot
+marin-535b-public` read the same files; one loader each keeps the column conventions (D = FLOP/(6N)
+for Chinchilla, compute without lm_head for Marin) in one place. The files are package data, found
+with importlib.resources, so a fresh clone, an editable install and an installed wheel all read the
+same copy. Provenance of every file (source repository, path, commit, licence): forecasting/data/PROVENANCE.md.
 """
 
 from __future__ import annotations
@@ -20,11 +22,6 @@ from forecasting.table import validate_table
 def data_dir() -> Path:
     """The public data shipped inside the package (forecasting/data/, provenance in its PROVENANCE.md)."""
     return Path(str(resources.files("forecasting") / "data"))
-
-
-def shared_data_dir() -> Path | None:
-    """Deprecated alias of data_dir() (kept while callers move)."""
-    return data_dir()
 
 
 def chinchilla_points(path: str | Path, *, drop_highest: int = 5) -> pd.DataFrame:
@@ -53,7 +50,7 @@ MARIN_HERO = "d6144"
 
 
 def marin_ladder(directory: str | Path) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
-    """(rung table, hero constants, hero observed table) from shared/data/marin_535b_ladder.
+    """(rung table, hero constants, hero observed table) from a folder laid out as data_dir() / "marin_535b_ladder".
 
     Rung table rows: every 5% eval of `eval_dropless/paloma/macro_loss`; flops = step * compute per
     step (lm_head excluded, Marin's convention); fraction = step / planned steps.

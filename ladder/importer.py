@@ -39,7 +39,7 @@ from ladder.store import Store, resolve_root
 MARIN_PUBLISHED = "marin-published"
 MARIN_SOURCE = (
     "Marin W&B project marin-community/marin_moe, eval_dropless/paloma/macro_loss every 5% "
-    "(shared/data/marin_535b_ladder/ladder_eval_grid.json, via fudan-chen/pretrain)"
+    "(forecasting/data/marin_535b_ladder/ladder_eval_grid.json, via fudan-chen/pretrain)"
 )
 # Marin's W&B run of each rung (reference §0); d2048 crashed at step 16,063 of 20,072 and was not resumed.
 MARIN_RUNS = {"d768": "rav-ladder-d768-v2", "d1024": "rav-ladder-d1024", "d1536": "rav-ladder-d1536", "d2048": "rav-ladder-d2048-v3"}
@@ -47,7 +47,7 @@ MARIN_CRASHED = {"d2048": "crashed at step 16,063 of 20,072 (80.0%), 31 steps af
 MARIN_METRIC = "eval_dropless/paloma/macro_loss"
 MARIN_HERO_SOURCE = (
     "Marin W&B run hero-12d8b6f0-dee637, Paloma evals steps 0-38,999 "
-    "(shared/data/marin_535b_ladder/hero_eval_paloma_subset.csv, via fudan-chen/pretrain)"
+    "(forecasting/data/marin_535b_ladder/hero_eval_paloma_subset.csv, via fudan-chen/pretrain)"
 )
 
 
@@ -174,12 +174,9 @@ def marin_hero_rows(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _marin_data() -> Path:
-    from forecasting.public_data import shared_data_dir
+    from forecasting.public_data import data_dir
 
-    data = shared_data_dir()
-    if data is None:
-        raise FileNotFoundError("shared/data (or $LADDER_SHARED_DATA) is missing; it holds marin_535b_ladder/.")
-    return data / "marin_535b_ladder"
+    return data_dir() / "marin_535b_ladder"
 
 
 def _default_grid() -> Path:
@@ -236,7 +233,7 @@ def import_command(
     """`ladder import EXP SOURCE`: register externally trained runs as finished (or failed) steps.
 
     SOURCE: 'marin-published': Marin's four 535B ladder rungs and the hero's published first ~10%
-    (shared/data/marin_535b_ladder).
+    (forecasting/data/marin_535b_ladder, shipped in the package).
     """
     from ladder.loader import ExperimentError, load_experiment
 

@@ -14,7 +14,7 @@ pixels, and a second renderer costs no second reading of the store. The tables a
 
 Sources: an experiment file + store (run directories and `{root}/forecasts/{target}/{n}.json`), a table
 file (CSV/parquet, or a folder of run directories) with an optional forecast JSON, or the special source
-`marin-535b-public`: Marin's 535B ladder from shared/data (four rungs, the hero forecast made from them
+`marin-535b-public`: Marin's 535B ladder from the package's public data (four rungs, the hero forecast made from them
 here, a refit on the first half of the hero's published 10%, and that published 10% itself).
 """
 
@@ -239,12 +239,9 @@ def marin_public_data(n_bootstrap: int = 50, refit_prefix_step: int = 18000) -> 
 def _marin_public_data(n_bootstrap: int, refit_prefix_step: int) -> PlotData:
     from forecasting.api import forecast_target, refit_forecast
     from forecasting.forecast import TargetSpec
-    from forecasting.public_data import linear_decay_schedule, marin_ladder, shared_data_dir
+    from forecasting.public_data import data_dir, linear_decay_schedule, marin_ladder
 
-    data = shared_data_dir()
-    if data is None or not (data / "marin_535b_ladder").is_dir():
-        raise PlotInputError("shared/data/marin_535b_ladder not found; set LADDER_SHARED_DATA to the shared data folder.")
-    table, hero, observed = marin_ladder(data / "marin_535b_ladder")
+    table, hero, observed = marin_ladder(data_dir() / "marin_535b_ladder")
     target = TargetSpec(
         name=hero["name"], params_active=hero["params_active"], params_total=hero["params_total"], tokens=hero["tokens"],
         num_steps=hero["num_steps"], tokens_per_step=hero["tokens_per_step"], total_flops=hero["total_flops"],

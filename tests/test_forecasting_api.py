@@ -7,10 +7,9 @@ import pandas as pd
 import pytest
 
 from forecasting.api import BacktestReport, LadderFit, TargetSpec, backtest, fit_ladder, forecast_target
-from forecasting.public_data import chinchilla_points, marin_ladder, shared_data_dir
+from forecasting.public_data import chinchilla_points, data_dir, marin_ladder
 
-DATA = shared_data_dir()
-assert DATA is not None, "the public data (../shared/data beside the repository, or $LADDER_SHARED_DATA) is missing"
+DATA = data_dir()
 
 
 def test_fit_ladder_matched_progress_on_marin_has_intervals_and_round_trips():

@@ -6,10 +6,9 @@ import pytest
 from forecasting.api import fit_ladder
 from forecasting.fitting import fit_chinchilla, fit_compute_law
 from forecasting.laws import ChinchillaLaw, compute_optimal_allocation, isoflop_optimum
-from forecasting.public_data import chinchilla_points, shared_data_dir
+from forecasting.public_data import chinchilla_points, data_dir
 
-DATA = shared_data_dir()
-assert DATA is not None, "the public data (../shared/data beside the repository, or $LADDER_SHARED_DATA) is missing"
+DATA = data_dir()
 
 
 def needs_data(test):

@@ -1,4 +1,4 @@
-"""Marin 535B ladder (shared/data/marin_535b_ladder): baseline reproduced, hero forecast, mid-run refit."""
+"""Marin 535B ladder (forecasting/data/marin_535b_ladder): baseline reproduced, hero forecast, mid-run refit."""
 
 import numpy as np
 import pytest
@@ -6,10 +6,9 @@ import pytest
 from forecasting.api import TargetSpec, forecast_target, refit_forecast
 from forecasting.forecast import Forecast
 from forecasting.matched_progress import marin_baseline
-from forecasting.public_data import linear_decay_schedule, marin_ladder, shared_data_dir
+from forecasting.public_data import data_dir, linear_decay_schedule, marin_ladder
 
-DATA = shared_data_dir()
-assert DATA is not None, "the public data (../shared/data beside the repository, or $LADDER_SHARED_DATA) is missing"
+DATA = data_dir()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,14 +26,14 @@ from forecasting.multipower import (
     multipowerlaw_schedule,
 )
 
-from forecasting.public_data import shared_data_dir
+from forecasting.public_data import data_dir
 
-DATA = (shared_data_dir() or Path("shared/data")) / "multipowerlaw"
+DATA = data_dir() / "multipowerlaw"
 TRAIN = ("cosine_24000", "constant_24000", "wsdcon_9")
 
 
 def needs_data(test):
-    """The public data ships beside the repository (../shared/data); its absence is a setup error, not a skip."""
+    """The public data ships inside the package (forecasting/data/); its absence is a setup error, not a skip."""
     return test
 
 PAPER_LIKE = MultiPowerLaw(L0=2.78, A=0.60, alpha=0.45, B=440.0, C=2.1, beta=0.6, gamma=0.65)

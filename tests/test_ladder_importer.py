@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from forecasting.api import forecast_target, refit_forecast
 from forecasting.table import from_run_dirs
 from forecasting.matched_progress import marin_baseline
-from forecasting.public_data import marin_ladder, shared_data_dir
+from forecasting.public_data import data_dir, marin_ladder
 from ladder.executor import plan
 from ladder.fitting import table_from_steps
 from ladder.importer import (
@@ -28,8 +28,7 @@ from ladder.loader import load_experiment
 from ladder.store import Store
 
 RUNGS = ["d768", "d1024", "d1536", "d2048"]
-DATA = shared_data_dir()
-assert DATA is not None, "the public data (../shared/data beside the repository, or $LADDER_SHARED_DATA) is missing"
+DATA = data_dir()
 
 
 @pytest.fixture(scope="module")

@@ -204,9 +204,9 @@ def test_command_refuses_other_suffixes():
 def test_table_source_with_forecast_file(marin, tmp_path):
     from forecasting.api import forecast_target
     from forecasting.forecast import TargetSpec
-    from forecasting.public_data import marin_ladder, shared_data_dir
+    from forecasting.public_data import data_dir, marin_ladder
 
-    table, _, observed = marin_ladder(shared_data_dir() / "marin_535b_ladder")
+    table, _, observed = marin_ladder(data_dir() / "marin_535b_ladder")
     pd.concat([table, observed]).dropna(axis=1).to_csv(tmp_path / "runs.csv", index=False)  # columns both carry
     # a coarse forecast from the rungs (the same target as the Marin plot), written as `ladder forecast --json` would
     target = TargetSpec(**_marin_target_dict())
@@ -220,9 +220,9 @@ def test_table_source_with_forecast_file(marin, tmp_path):
 
 
 def _marin_target_dict() -> dict:
-    from forecasting.public_data import linear_decay_schedule, marin_ladder, shared_data_dir
+    from forecasting.public_data import data_dir, linear_decay_schedule, marin_ladder
 
-    _, hero, _ = marin_ladder(shared_data_dir() / "marin_535b_ladder")
+    _, hero, _ = marin_ladder(data_dir() / "marin_535b_ladder")
     return {"name": hero["name"], "params_active": hero["params_active"], "params_total": hero["params_total"],
             "tokens": hero["tokens"], "num_steps": hero["num_steps"], "tokens_per_step": hero["tokens_per_step"],
             "total_flops": hero["total_flops"], "lr": linear_decay_schedule(hero["num_steps"]).tolist()}
@@ -340,11 +340,11 @@ def test_command_exits_1_when_nothing_has_run_yet(small_ladder, tmp_path):
 def test_a_final_loss_forecast_is_one_point_and_scores_no_early_residuals(tmp_path):
     from forecasting.api import forecast_target
     from forecasting.forecast import TargetSpec
-    from forecasting.public_data import marin_ladder, shared_data_dir
+    from forecasting.public_data import data_dir, marin_ladder
     from ladder.plot_html import panel_specs
     from ladder.plots import assemble
 
-    table, _, observed = marin_ladder(shared_data_dir() / "marin_535b_ladder")
+    table, _, observed = marin_ladder(data_dir() / "marin_535b_ladder")
     target = {k: v for k, v in _marin_target_dict().items() if k not in ("lr", "params_total")}
     forecast = forecast_target(table, TargetSpec(**target), method="compute", n_bootstrap=5)
     data = assemble(table, [forecast], observed, target="d6144", title="compute law")
