@@ -91,6 +91,77 @@ class LadderFit(BaseModel):
     def residuals_table(self) -> pd.DataFrame:
         return pd.DataFrame(self.residuals)
 
+    # notebook views and one-call questions (the law at its full-data point estimates)
+
+    def predict(self, params_active=None, tokens=None, *, flops=None):
+        """The law's final loss: L(N, D) for a chinchilla fit (params_active, tokens); L(C) for a compute or
+        matched-progress fit (flops, on the ladder's own FLOP axis). Scalars or arrays."""
+        p = {k: v.value for k, v in self.params.items()}
+        if self.law == "chinchilla":
+            if params_active is None or tokens is None:
+                raise ValueError("a chinchilla fit predicts L(N, D): give params_active and tokens")
+            n, d = np.asarray(params_active, dtype=float), np.asarray(tokens, dtype=float)
+            return p["E"] + p["A"] / n ** p["alpha"] + p["B"] / d ** p["beta"]
+        if flops is None:
+            raise ValueError(f"a {self.law} fit predicts L(C): give flops= (on the FLOP axis of the ladder's table)")
+        c = np.asarray(flops, dtype=float)
+        if self.law == "compute":
+            return p["E"] + p["A"] * c ** (-p["alpha"])
+        if self.law == "matched_progress":
+            return p["E"] + np.exp(p["log_A_final"] - p["alpha_final"] * np.log(c))
+        raise ValueError(f"cannot predict with a {self.law!r} fit")
+
+    def compute_optimal(self, flops) -> dict:
+        """The loss-minimising split of a compute budget C = 6*N*D under a chinchilla fit: params_active,
+        tokens, tokens_per_param and loss at the optimum (Hoffmann et al. eq. 4), floats for a scalar budget."""
+        from forecasting.laws import ChinchillaLaw, compute_optimal_allocation
+
+        if self.law != "chinchilla":
+            raise ValueError(f"the compute-optimal allocation needs a chinchilla fit L(N, D); this is a {self.law} fit "
+                             "(fit with law='chinchilla' on runs that vary both N and D)")
+        law = ChinchillaLaw(**{k: self.params[k].value for k in ("E", "A", "B", "alpha", "beta")})
+        out = compute_optimal_allocation(law, flops)
+        result = {"flops": out["flops"], "params_active": out["params_opt"], "tokens": out["tokens_opt"],
+                  "tokens_per_param": out["tokens_per_param"], "loss": out["loss_opt"]}
+        return {k: float(v) if np.ndim(v) == 0 else v for k, v in result.items()}
+
+    def __repr__(self) -> str:
+        formula = self.formula if len(self.formula) <= 150 else self.formula[:147] + "..."
+        return (f"LadderFit({self.law} on {self.n_runs} runs: {formula}; {self.final_run} "
+                f"{self.final_loss:.4f} [{self.final_loss_lo:.4f}, {self.final_loss_hi:.4f}])")
+
+    __str__ = __repr__
+
+    def _repr_html_(self) -> str:
+        from forecasting.forecast import html_table
+
+        rows = [("law", f"{self.law} on {self.n_runs} runs / {self.n_points} points"), ("formula", self.formula)]
+        rows += [(k, f"{v.value:.5g} [{v.lo:.5g}, {v.hi:.5g}]") for k, v in self.params.items()]
+        rows += [(f"fit at {self.final_run}", f"{self.final_loss:.4f} [{self.final_loss_lo:.4f}, {self.final_loss_hi:.4f}]")]
+        rows += [("warning", w) for w in self.warnings]
+        return html_table("LadderFit", rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per run: run, loss, predicted, rel_error (the residuals of the fit)."""
+        return pd.DataFrame(self.residuals, columns=["run", "loss", "predicted", "rel_error"])
+
+    def plot(self, ax=None):
+        """Observed final loss of each run against the law's prediction (the diagonal is a perfect fit)."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 5))
+        frame = self.to_frame()
+        ax.scatter(frame["predicted"], frame["loss"])
+        for _, row in frame.iterrows():
+            ax.annotate(str(row["run"]), (row["predicted"], row["loss"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        edges = [min(frame["predicted"].min(), frame["loss"].min()), max(frame["predicted"].max(), frame["loss"].max())]
+        ax.plot(edges, edges, "--", color="gray", label="perfect fit")
+        ax.set_xlabel(f"predicted ({self.law})")
+        ax.set_ylabel("observed final loss")
+        ax.legend()
+        return ax
+
 
 class BacktestReport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -103,6 +174,40 @@ class BacktestReport(BaseModel):
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame([r.model_dump() for r in self.results])
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{r.kind} rms {r.rms_rel_error:.2%} over {r.distance:.2f}" for r in self.results[:4])
+        return f"BacktestReport({self.method}: {len(self.results)} backtest(s){': ' + parts if parts else ''})"
+
+    __str__ = __repr__
+
+    def _repr_html_(self) -> str:
+        from forecasting.forecast import html_table
+
+        rows = [("method", self.method)]
+        rows += [(f"{r.kind} ({', '.join(r.held_out)[:80]})", f"rms {r.rms_rel_error:.2%}, worst {r.max_abs_rel_error:.2%}, "
+                  f"distance {r.distance:.2f}, per unit {r.rate:.2%}") for r in self.results]
+        rows += [("warning", w) for w in self.warnings]
+        return html_table("BacktestReport", rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per backtest (kind, held_out, errors, distance, rate, ...)."""
+        return pd.DataFrame([r.model_dump() for r in self.results], columns=list(BacktestResult.model_fields))
+
+    def plot(self, ax=None):
+        """RMS relative error of each backtest against its extrapolation distance (how error grows with distance)."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 4))
+        for r in self.results:
+            ax.scatter([r.distance], [r.rms_rel_error * 100], label=f"{r.kind}: {r.rms_rel_error:.2%}")
+        ax.set_xlabel("extrapolation distance (decades of compute, or ln step ratio)")
+        ax.set_ylabel("RMS relative error (%)")
+        ax.set_title(f"backtests of {self.method}")
+        if self.results:
+            ax.legend()
+        return ax
 
     def summary(self) -> dict:
         """Flat dict for --json. final_loss*: the compute backtest's prediction of its largest held-out run

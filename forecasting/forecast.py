@@ -121,7 +121,64 @@ class Forecast(BaseModel):
         return tuple(float(np.interp(x, s, c)) for c in cols)  # type: ignore[return-value]
 
     def curve_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([p.model_dump() for p in self.curve])
+        return pd.DataFrame([p.model_dump() for p in self.curve], columns=list(CurvePoint.model_fields))
+
+    # ------------------------------------------------------------------ notebook views
+
+    def __repr__(self) -> str:
+        band = f"{self.final_loss:.4f} [{self.final_loss_lo:.4f}, {self.final_loss_hi:.4f}] ({self.level:.0%})"
+        extra = f", {len(self.warnings)} warning(s)" if self.warnings else ""
+        return (f"Forecast({_clip(self.target.name, 60)!r}: final loss {band}, method={self.method}, "
+                f"version={self.version}, {len(self.curve)} curve points{extra})")
+
+    __str__ = __repr__
+
+    def _repr_html_(self) -> str:
+        rows = [
+            ("target", self.target.name),
+            ("final loss", f"{self.final_loss:.4f} [{self.final_loss_lo:.4f}, {self.final_loss_hi:.4f}] ({self.level:.0%})"),
+            ("method", self.method),
+            ("version", str(self.version)),
+            ("law", _clip(self.law, 160)),
+            ("curve", f"{len(self.curve)} points to step {self.curve[-1].step:,}" if self.curve else "final point only"),
+            ("created", self.created_at),
+        ]
+        rows += [(f"backtest ({b.kind})", f"rms error {b.rms_rel_error:.2%} over {b.distance:.2f} units") for b in self.backtest]
+        rows += [("warning", _clip(w, 200)) for w in self.warnings]
+        return html_table("Forecast", rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The predicted curve: one row per point (step, tokens, flops, loss, lo, hi)."""
+        return self.curve_frame()
+
+    def plot(self, ax=None, *, actual: pd.DataFrame | None = None, x: str = "step"):
+        """The predicted curve and its band against `x` (step, tokens or flops) on matplotlib Axes (new ones if
+        `ax` is None); `actual`, a table with `x` and `loss` columns (the run's own evals), is drawn on top."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 4))
+        frame = self.to_frame()
+        if x not in ("step", "tokens", "flops"):
+            raise ValueError(f"x={x!r}: choose step, tokens or flops")
+        if frame.empty or frame[x].isna().any():
+            raise ValueError(f"this forecast's curve has no {x} values; plot against x='step'")
+        label = f"forecast v{self.version} ({self.method})"
+        if len(frame) == 1:  # final-loss laws predict one point
+            row = frame.iloc[0]
+            ax.errorbar([row[x]], [row["loss"]], yerr=[[row["loss"] - row["lo"]], [row["hi"] - row["loss"]]],
+                        fmt="o", capsize=4, label=label)
+        else:
+            ax.fill_between(frame[x], frame["lo"], frame["hi"], alpha=0.25, label=f"{self.level:.0%} band")
+            ax.plot(frame[x], frame["loss"], label=label)
+            ax.set_xscale("log")
+        if actual is not None and len(actual):
+            ax.plot(actual[x], actual["loss"], ".", color="black", label="actual")
+        ax.set_xlabel(x)
+        ax.set_ylabel("loss")
+        ax.set_title(_clip(self.target.name, 60))
+        ax.legend()
+        return ax
 
     def summary(self) -> dict:
         """Flat dict for a CLI table or --json: the final-loss estimate and interval under explicit keys."""
@@ -149,3 +206,15 @@ def fingerprint_table(*tables: pd.DataFrame | None) -> str:
         h.update(json.dumps(cols).encode())
         h.update(pd.util.hash_pandas_object(t[cols].sort_values(cols[: min(2, len(cols))]), index=False).values.tobytes())
     return h.hexdigest()[:16]
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def html_table(title: str, rows: list[tuple[str, str]]) -> str:
+    """A small two-column HTML table for a notebook's rich display (values escaped)."""
+    from html import escape
+
+    body = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>{escape(v)}</td></tr>" for k, v in rows)
+    return f"<table><caption style='text-align:left'><b>{escape(title)}</b></caption>{body}</table>"
