@@ -1,7 +1,7 @@
 """The local ladder: Marin's 535B recipe shape, shrunk until it trains for real on a 2-core CPU.
 
-Same shape as Marin's ladder (``experiments/marin_535b.py`` when it lands, and
-``../shared/reference/marin_hero_specs.md``): fine-grained routed experts with top-k routing, one
+Same shape as Marin's ladder (``experiments/marin_535b.py``; the recipe is described in
+``docs/marin_recipe.md``): fine-grained routed experts with top-k routing, one
 shared expert, aux-loss-free router-bias balancing, z-loss, a linear schedule with 1% warmup decaying
 to 5% of peak, a two-source mixture whose weights switch at 80% of training, a fixed number of
 tokens per active parameter, and an eval every 5% of each run (so matched-progress fits have curves).
@@ -150,3 +150,8 @@ def local_ladder(
 
 
 steps = local_ladder()
+
+if __name__ == "__main__":  # `python experiments/local_ladder.py [COMMAND ...]` is `ladder COMMAND experiments/local_ladder.py ...` (default: plan)
+    from ladder.cli import run_as_script
+
+    run_as_script(__file__)

@@ -1,7 +1,7 @@
 """Marin's 535B-A23B hero and its four-rung ladder, declared as typed specs (as launched, August 2026).
 
-Every number follows ``../shared/reference/marin_hero_specs.md`` (the "reference" below; § are its
-sections), which read Marin's ``experiments/grug/moe_hero_ep/`` launcher, heuristic, FLOP code and the
+Every number follows ``docs/marin_recipe.md`` (the "reference" below; § are its sections), which
+is drawn from Marin's ``experiments/grug/moe_hero_ep/`` launcher, heuristic, FLOP code and the
 hero's W&B config. Nothing here is tuned: widths, depths, the LR law, the phase switch and the 200-cell
 mixtures are Marin's, and the derived numbers (``ladder plan``) come from ``trainer.accounting`` with
 ``accounting="marin"`` and reproduce the published names to the digit.
@@ -272,3 +272,8 @@ def marin_run(name: str, shape: tuple, *, hero: bool) -> TrainStep:
 
 rungs = [marin_run(name, shape, hero=False) for name, shape in LADDER.items()]
 steps = build_ladder(rungs, hero=marin_run(HERO[0], HERO[1], hero=True))
+
+if __name__ == "__main__":  # `python experiments/marin_535b.py [COMMAND ...]` is `ladder COMMAND experiments/marin_535b.py ...` (default: plan)
+    from ladder.cli import run_as_script
+
+    run_as_script(__file__)

@@ -6,7 +6,7 @@ what a spec *computes*, not where it runs: the fingerprint hashes the job (minus
 execution-only fields such as logging cadence and mesh) and the fingerprints of the steps it
 reads from, and ignores resources, the store root, the cluster and logging. Changing a learning
 rate moves a run to a new directory; moving it from a laptop to a cluster does not (Marin's
-region-in-the-hash lesson, `reference/marin.md`).
+region-in-the-hash lesson, `docs/marin_recipe.md`).
 
 Derived numbers (parameters, FLOPs, steps) are never typed by hand: `derived()` asks the trainer's
 accounting module, so the plan, the forecaster and the trainer can never disagree.

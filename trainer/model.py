@@ -1,7 +1,7 @@
 """The decoder-only MoE language model as pure functions over a nested dict of float32 arrays.
 
 Why plain pytrees: the same params feed jit, grad, optax, orbax and sharding rules with no framework in
-between (measured: the lowest per-step overhead on CPU, see shared/reference/trainer.md §6), and a
+between (measured: the lowest per-step overhead on CPU, see docs/trainer_notes.md), and a
 parameter's path names its role, which is all ``param_groups`` and ``trainer.sharding`` need.
 
 Architecture (what ``ModelConfig`` can express): token embedding -> L pre-norm blocks -> RMSNorm ->
