@@ -1,6 +1,6 @@
 """The artifact store: run directories, status files, leases and versioned forecasts on any fsspec URL.
 
-Layout (see ../shared/DESIGN.md):
+Layout (README.md, "Where things go"):
 
     {root}/runs/{step}-{fingerprint[:10]}/spec.json, status.json, metrics.jsonl, checkpoints/, result.json
     {root}/forecasts/{target}/{n}.json
