@@ -36,3 +36,8 @@ QUICK_RUNGS = {"q16": (16, 2), "q24": (24, 2), "q32": (32, 2), "q48": (48, 2)}
 QUICK_HERO = ("hero-quick", (64, 3))
 
 steps = local_ladder(QUICK_RUNGS, QUICK_HERO)
+
+if __name__ == "__main__":  # `python experiments/local_ladder_quick.py [COMMAND ...]` is `ladder COMMAND experiments/local_ladder_quick.py ...` (default: plan)
+    from ladder.cli import run_as_script
+
+    run_as_script(__file__)

@@ -18,3 +18,8 @@ def rung(name: str, width: int, layers: int, tokens_per_param: float = 8.0) -> T
 
 
 steps = build_ladder([rung("r32", 32, 2), rung("r48", 48, 2), rung("r64", 64, 3)], hero=rung("hero", 96, 4))
+
+if __name__ == "__main__":  # `python experiments/readme_example.py [COMMAND ...]` is `ladder COMMAND experiments/readme_example.py ...` (default: plan)
+    from ladder.cli import run_as_script
+
+    run_as_script(__file__)

@@ -329,8 +329,10 @@ def show(
     target: str = typer.Argument(..., help="A run directory, or an experiment (then give STEP)."),
     step: Optional[str] = typer.Argument(None, help="Step name when TARGET is an experiment."),
     root: Optional[str] = RootOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the raw spec, status, result and metric ranges as one JSON document."),
 ) -> None:
-    """Print one step's spec, status, gang attempts (multi-host steps) and a summary of its metrics."""
+    """One step at a glance: state, sizes, progress and losses, then gang attempts (multi-host steps) and every
+    metric's first/last/min/max; --json for the raw spec, status and result."""
     from ladder.runs import read_jsonl, read_metrics
 
     store = _store(root)
@@ -356,8 +358,12 @@ def show(
 
     rows, _ = read_metrics(store, run_dir)
     rows = apply_resume_markers(rows)
+    if as_json:
+        print(json.dumps({"run_dir": store.url_of(run_dir), "spec": spec, "status": state, "result": result,
+                          "metrics": _metric_ranges(rows)}, indent=2, default=str))
+        return
     console.rule(f"[bold]{store.url_of(run_dir)}")
-    console.print_json(data={"spec": spec, "status": state, "result": result})
+    _print_step_summary(spec or {}, state or {}, result, rows)
     attempts, _ = read_jsonl(store, f"{run_dir}/gang/attempts.jsonl")
     if attempts:
         gang = Table(title=f"gang attempts ({run_dir}/gang/host<rank>.log)")
@@ -369,17 +375,81 @@ def show(
                          a.get("coordinator", ""), _fmt(seconds) if seconds is not None else "", a.get("detail", ""))
         console.print(gang)
     if rows:
-        keys = sorted({k for r in rows for k in r if "/" in k})
         table = Table(title=f"metrics: {len(rows)} rows")
         for column in ("metric", "first", "last", "min", "max"):
             table.add_column(column)
-        for key in keys:
-            values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-            if values:
-                table.add_row(key, _fmt(values[0]), _fmt(values[-1]), _fmt(min(values)), _fmt(max(values)))
+        for key, r in _metric_ranges(rows).items():
+            table.add_row(key, _fmt(r["first"]), _fmt(r["last"]), _fmt(r["min"]), _fmt(r["max"]))
         console.print(table)
     else:
         console.print("no metrics yet")
+    console.print("raw spec, status and result: add --json")
+
+
+def _metric_ranges(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """first/last/min/max of every numeric metric ("a/b" keys) over the rows."""
+    out = {}
+    for key in sorted({k for r in rows for k in r if "/" in k}):
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+        if values:
+            out[key] = {"first": values[0], "last": values[-1], "min": min(values), "max": max(values)}
+    return out
+
+
+def _print_step_summary(spec: dict[str, Any], status: dict[str, Any], result: dict[str, Any] | None,
+                        rows: list[dict[str, Any]]) -> None:
+    """The lines a user reads first: what the step is, where it stands, how far it got and its losses."""
+    import datetime
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    state = status.get("state", "not started")
+    detail = f"{status.get('attempts', 0)} attempt(s)"
+    if status.get("finished_at"):
+        detail += ", finished " + datetime.datetime.fromtimestamp(status["finished_at"]).strftime("%Y-%m-%d %H:%M:%S")
+    grid.add_row("step", f"{spec.get('name', '?')} ({spec.get('kind', '?')}), fingerprint {str(spec.get('fingerprint', ''))[:12]}")
+    grid.add_row("state", f"[{STATE_STYLE.get(state, 'white')}]{state}[/] ({detail})")
+    error = (status.get("last_error") or "").strip().splitlines()
+    if error and state != "done":
+        grid.add_row("last error", error[0][:200])
+    derived = spec.get("derived") or {}
+    if derived:
+        grid.add_row("model", f"{_fmt(derived.get('params_active'), 'tokens')} active / {_fmt(derived.get('params_total'), 'tokens')} total params, "
+                              f"{_fmt(derived.get('tokens'), 'tokens')} tokens in {derived.get('num_steps', '?'):,} steps, "
+                              f"{_fmt(derived.get('total_flops'), 'flops')} FLOPs")
+    if spec.get("resources"):
+        from ladder.spec import ResourceSpec
+
+        try:
+            grid.add_row("resources", ResourceSpec.model_validate(spec["resources"]).describe())
+        except Exception:  # noqa: BLE001 - a spec.json of another version still shows the rest
+            pass
+    if spec.get("tags"):
+        grid.add_row("tags", ", ".join(f"{k}={v}" for k, v in spec["tags"].items()))
+    if spec.get("dependencies"):
+        grid.add_row("inputs", ", ".join(spec["dependencies"]))
+    train = [r for r in rows if isinstance(r.get("train/loss"), (int, float)) and "step" in r]
+    evals = [r for r in rows if isinstance(r.get("eval/loss"), (int, float)) and "step" in r]
+    last_step = max((r["step"] for r in rows if isinstance(r.get("step"), int)), default=None)
+    if last_step is not None:
+        total = derived.get("num_steps")
+        grid.add_row("progress", f"step {last_step:,}" + (f" of {total:,} ({last_step / total:.1%})" if total else ""))
+    if train:
+        speed = next((r["throughput/tokens_per_second"] for r in reversed(train) if isinstance(r.get("throughput/tokens_per_second"), (int, float))), None)
+        grid.add_row("train loss", f"{train[-1]['train/loss']:.4f} at step {train[-1]['step']:,}" + (f", {_fmt(speed, 'tokens')} tokens/s" if speed else ""))
+    if evals:
+        band = ""
+        if isinstance(evals[-1].get("forecast/loss"), (int, float)):
+            band = f" (forecast {evals[-1]['forecast/loss']:.4f} [{evals[-1].get('forecast/lo', float('nan')):.4f}, {evals[-1].get('forecast/hi', float('nan')):.4f}])"
+        grid.add_row("eval loss", f"{evals[-1]['eval/loss']:.4f} at step {evals[-1]['step']:,}{band}")
+    if result:
+        keys = [k for k in ("completed", "final_eval_loss", "final_train_loss", "forecast_version", "final_loss", "final_loss_lo", "final_loss_hi") if k in result]
+        if keys:
+            grid.add_row("result", ", ".join(f"{k} {_fmt(result[k]) if isinstance(result[k], float) else result[k]}" for k in keys))
+    if spec.get("code_version"):
+        grid.add_row("code", str(spec["code_version"]))
+    console.print(grid)
 
 
 # ---------------------------------------------------------------------------------------- forecasting
@@ -524,12 +594,14 @@ def forecast(
     min_lr_fraction: float = typer.Option(0.1, help="With --schedule: final LR as a fraction of peak."),
     decay_fraction: float = typer.Option(0.2, help="With --schedule wsd: fraction of steps in the cooldown."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document: final_loss, final_loss_lo, final_loss_hi, curve, ..."),
+    with_schedule: bool = typer.Option(False, "--with-schedule", help="With --json: keep target.lr, the LR at every step (left out by default)."),
 ) -> None:
-    """Forecast a run's whole loss curve and final loss with a band; with an experiment, store it as a new version."""
+    """Forecast a run's whole loss curve and final loss with a band; with an experiment, store it as a new version
+    (only when the inputs, method or options changed: otherwise it says which stored version it equals)."""
     from forecasting import api
     from forecasting.forecast import TargetSpec
 
-    where = None
+    where, stored_new = None, False
     try:
         if _is_table(source):
             if params_active is None or tokens is None:
@@ -567,16 +639,26 @@ def forecast(
                 result = api.refit_forecast(table, spec, live, prior=prior, n_bootstrap=n_bootstrap, seed=seed)
             else:
                 result = api.forecast_target(table, spec, method=method, n_bootstrap=n_bootstrap, seed=seed)
-            store_forecast(store, result, meta={"experiment": exp.ref, "target_fingerprint": exp.dag.fingerprints[target], "refit": refit})
+            from ladder.fitting import forecast_options, store_forecast_if_changed
+
+            _, stored_new = store_forecast_if_changed(
+                store, result, meta={"experiment": exp.ref, "target_fingerprint": exp.dag.fingerprints[target], "refit": refit,
+                                     "options": forecast_options(method, n_bootstrap, seed)})
             where = store.url_of(store.forecast_dir(target))
     except typer.Exit:
         raise
     except Exception as error:  # noqa: BLE001
         _forecasting_error(error)
+    if where is not None and not stored_new:
+        (err_console if as_json else console).print(
+            f"unchanged: version {result.version} (same inputs, method and options as the newest stored forecast; nothing written)")
     if as_json:
-        print(result.to_json(indent=2))
+        doc = json.loads(result.to_json())
+        if not with_schedule:
+            doc["target"].pop("lr", None)
+        print(json.dumps(doc, indent=2))
         return
-    _print_forecast(result, where)
+    _print_forecast(result, where if stored_new else None)
 
 
 @app.command()
@@ -633,6 +715,24 @@ def _register_commands_from_modules() -> None:
 
 
 _register_commands_from_modules()
+
+
+def run_as_script(path: str, argv: list[str] | None = None) -> None:
+    """`python experiments/foo.py [COMMAND [ARGS...]]` (Marin's habit) is `ladder COMMAND experiments/foo.py [ARGS...]`;
+    with no COMMAND it is `ladder plan experiments/foo.py` (it shows the steps and runs nothing)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    relative = os.path.relpath(path)
+    path = relative if not relative.startswith("..") else path
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands}
+    if not argv or argv[0].startswith("-"):
+        argv = ["plan", *argv]
+        print(f"python {path} is `ladder plan {path}`: it shows the steps and runs nothing. "
+              f"To run them: `ladder submit {path}` (or `python {path} submit`).", flush=True)
+    if argv[0] not in commands or argv[0] in ("schema", "demo"):
+        print(f"error: {argv[0]!r} is not a ladder command that takes an experiment; try `python {path} plan` "
+              f"or `python {path} submit` (`ladder --help` lists the commands).", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+    app([argv[0], path, *argv[1:]], prog_name="ladder")
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -3,7 +3,8 @@
 The forecasting library knows nothing of steps, fingerprints or stores; it takes a table of runs
 and a target description. This module makes both from a DAG (the finished rungs' run directories,
 the target step's derived numbers and LR schedule) and files each forecast under
-`{root}/forecasts/{target}/{n}.json`, a new version every time, never overwriting one.
+`{root}/forecasts/{target}/{n}.json`, never overwriting one: a new version whenever the inputs, the method
+or its options (or its result) changed; a forecast identical to the newest version is not filed again.
 """
 
 from __future__ import annotations
@@ -92,7 +93,16 @@ def table_from_steps(
 
 
 def store_forecast(store: Store, forecast, *, meta: dict[str, Any]) -> int:
-    """File `forecast` as the next version for its target; returns the version number."""
+    """File `forecast` as the next version for its target, unless it is the newest version again (same
+    inputs, method, options and result: see `store_forecast_if_changed`); returns the version number."""
+    return store_forecast_if_changed(store, forecast, meta=meta)[0]
+
+
+def store_forecast_if_changed(store: Store, forecast, *, meta: dict[str, Any]) -> tuple[int, bool]:
+    """(version, stored_new). A forecast identical to the newest stored version of its target (same input
+    table fingerprint, method, target, `meta["options"]`, law and final band) is not stored again: the
+    refit history shows only versions that differ. A change of inputs or options, or of the method's code
+    (it changes the result), makes a new version."""
     payload = json.loads(forecast.to_json())
     lr = payload["target"].get("lr")
     if lr is not None and len(lr) > MAX_STORED_SCHEDULE:
@@ -100,9 +110,40 @@ def store_forecast(store: Store, forecast, *, meta: dict[str, Any]) -> int:
         payload["target"]["lr"] = None
         meta = {**meta, "target_lr_omitted": len(lr)}
     payload["ladder"] = meta
-    version = store.write_forecast(forecast.target.name, payload)
+    target = forecast.target.name
+    newest = store.read_forecast(target)
+    if newest is not None and forecast_identity(newest) == forecast_identity(payload):
+        forecast.version = int(newest["version"])
+        return forecast.version, False
+    version = store.write_forecast(target, payload)
     forecast.version = version
-    return version
+    return version, True
+
+
+def forecast_identity(payload: dict[str, Any]) -> str:
+    """What makes two stored forecasts the same one: inputs, method, target, options and the result itself
+    (not when, by whom or under which version number it was stored)."""
+    import hashlib
+
+    target = dict(payload.get("target") or {})
+    lr = target.pop("lr", None)
+    meta = payload.get("ladder") or {}
+    doc = {
+        "inputs": payload.get("inputs_fingerprint"),
+        "method": payload.get("method"),
+        "target": target,
+        "lr": hashlib.sha256(json.dumps(lr).encode()).hexdigest() if lr is not None else meta.get("target_lr_omitted"),
+        "options": meta.get("options"),
+        "refit": bool(meta.get("refit")),
+        "law": payload.get("law"),
+        "result": [float(f"{payload.get(k, float('nan')):.10g}") for k in ("final_loss", "final_loss_lo", "final_loss_hi")],
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def forecast_options(method: str, n_bootstrap: int, seed: int) -> dict[str, Any]:
+    """The options a forecast was asked for (part of its identity in the store)."""
+    return {"method": method, "n_bootstrap": int(n_bootstrap), "seed": int(seed)}
 
 
 def load_forecast(store: Store, target: str, version: int | None = None):
@@ -128,7 +169,8 @@ def run_fit_step(step: FitStep, context, task, store: Store) -> dict[str, Any]:
     version = store_forecast(
         store, forecast,
         meta={"fit_step": step.name, "fit_fingerprint": task.fingerprint, "target_fingerprint": task.target_fingerprint,
-              "inputs": {name: dep.run_dir for name, dep in context.deps.items()}},
+              "inputs": {name: dep.run_dir for name, dep in context.deps.items()},
+              "options": forecast_options(step.config.method, step.config.n_bootstrap, step.config.seed)},
     )
     with store.fs.open(f"{store.run_dir(step.name, task.fingerprint)}/forecast.json", "w") as handle:
         handle.write(forecast.to_json(indent=2))

@@ -143,7 +143,9 @@ def test_status_and_show_read_a_run(tmp_path):
     run_dir = store.run_dir("work", loaded.dag.fingerprints["work"])
     shown = runner.invoke(app, ["show", run_dir])
     assert shown.exit_code == 0, shown.output
-    assert "metrics: 2 rows" in shown.output and '"state": "done"' in shown.output
+    assert "metrics: 2 rows" in shown.output and "done" in shown.output and '"state"' not in shown.output
+    raw = runner.invoke(app, ["show", run_dir, "--json"])
+    assert raw.exit_code == 0 and json.loads(raw.stdout)["status"]["state"] == "done"
     missing = runner.invoke(app, ["show", str(tmp_path)])
     assert missing.exit_code == 2 and "not a run directory" in missing.output
 
@@ -151,7 +153,7 @@ def test_status_and_show_read_a_run(tmp_path):
 def test_forecast_on_a_table_takes_a_schedule(tmp_path):
     table = _chinchilla_table(tmp_path / "runs.csv")
     args = ["forecast", table, "--params-active", "1e9", "--tokens", "2e10", "--method", "chinchilla", "--n-bootstrap", "20", "--json"]
-    result = runner.invoke(app, args + ["--schedule", "cosine", "--num-steps", "1000", "--peak-lr", "3e-3"])
+    result = runner.invoke(app, args + ["--schedule", "cosine", "--num-steps", "1000", "--peak-lr", "3e-3", "--with-schedule"])
     assert result.exit_code == 0, result.output
     lr = json.loads(result.stdout)["target"]["lr"]
     assert len(lr) == 1000 and max(lr) == pytest.approx(3e-3, rel=1e-3) and lr[-1] == pytest.approx(3e-4, rel=1e-2)
