@@ -45,6 +45,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from forecasting import backtest as bt
+from forecasting import final_laws as fl
+from forecasting.selection import matched_progress_refusal, select_method
 from forecasting.bootstrap import Interval, percentile_interval, run_weights
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table
@@ -53,7 +55,7 @@ from forecasting.refit import fit_curve, schedule_features
 from forecasting.table import TableError, find_duplicate_runs, from_run_dirs, read_table_file, validate_table
 
 Z95 = 1.959963984540054
-METHODS = ("matched_progress", "chinchilla", "compute", "multipower")
+METHODS = ("matched_progress", "chinchilla", "compute", "multipower", "overtrain", "farseer", "moe", "data_constrained")
 SAME_SIZE_RTOL = 0.02  # runs within 2% of the target's active parameters count as "the same model size"
 
 
@@ -439,22 +441,28 @@ def forecast_target(
     table = validate_table(table)
     dup_warn: list[str] = []
     table = _drop_duplicate_runs(table, dup_warn)
+    selection: list[dict] = []
     if method == "auto":
-        method = "multipower" if _same_size_runs(table, target) else choose_method(table)
+        method, selection, sel_warn = select_method(table, target, same_size_runs=_same_size_runs(table, target))
+        dup_warn += sel_warn
     if method == "multipower":
         f = _forecast_multipower(table, target, n_bootstrap, seed)
     elif method == "matched_progress":
         f = _forecast_matched_progress(table, target, n_bootstrap, seed)
-    elif method in ("chinchilla", "compute"):
-        f = _forecast_final_law(table, target, method, n_bootstrap, seed)
+    elif method in fl.FINAL_LAWS:
+        f = fl.forecast_final(table, target, method, n_bootstrap, seed)
     else:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS} or 'auto'")
     f.warnings = dup_warn + f.warnings
+    f.selection = selection
     return f
 
 
 def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: int, seed: int) -> Forecast:
     warn: list[str] = []
+    refusal = matched_progress_refusal(table, target)
+    if refusal:
+        raise FitError(f"matched progress refused: {refusal}")
     if target.num_steps is None and target.tokens_per_step is None:
         warn.append("target has no num_steps/tokens_per_step: only the final loss (fraction 1) is forecast")
     fit = fit_profiled(table)
@@ -558,69 +566,6 @@ def _forecast_multipower(table: pd.DataFrame, target: TargetSpec, n_boot: int, s
 
 def _no_interval(v: float) -> Interval:
     return Interval(value=float(v), lo=float("-inf"), hi=float("inf"))
-
-
-def _forecast_final_law(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: int, seed: int) -> Forecast:
-    warn: list[str] = []
-    final = _final_table(table, warn)
-    n, d, y = (final[c].to_numpy(float) if c in final.columns else None for c in ("params_active", "tokens", "loss"))
-    c_runs = _run_compute_final(final)
-    c_target = target.planned_flops()
-    if law == "chinchilla":
-        fit, diag = fit_chinchilla(n, d, y)
-        if not diag.converged:
-            raise FitError(f"the Chinchilla fit did not converge: {diag.message}")
-        point = float(fit.predict(target.params_active, target.tokens))
-        start = np.array([math.log(fit.A), math.log(fit.B), math.log(fit.E), fit.alpha, fit.beta])
-
-        def refit(w):
-            b, bd = fit_chinchilla(n, d, y, weights=w, n_polish=1, start=start, candidate_radius=0.1)
-            if not bd.converged:
-                raise FitError("bootstrap refit did not converge")
-            return b, float(b.predict(target.params_active, target.tokens))
-
-        names, min_distinct = ("E", "A", "B", "alpha", "beta"), 6
-    else:
-        fit = fit_compute_law(c_runs, y)
-        point = float(fit.predict(c_target))
-
-        def refit(w):
-            b = fit_compute_law(c_runs, y, weights=w)
-            return b, float(b.predict(c_target))
-
-        names, min_distinct = ("E", "A", "alpha"), 3
-    samples, preds = {k: [] for k in names}, []
-    for w in run_weights(final["run"], n_boot, seed, min_distinct=min_distinct):
-        try:
-            b, p = refit(w)
-        except FitError:
-            continue
-        preds.append(p)
-        for k in names:
-            samples[k].append(getattr(b, k))
-    _warn_boot(len(preds), n_boot, warn)
-    sig: dict[str, float] = {}
-    if preds:
-        q_lo, q_hi = np.quantile(preds, [0.025, 0.975])
-        sig["bootstrap"] = (q_hi - q_lo) / (2 * Z95) / point
-    backtests = []
-    try:
-        res = bt.backtest_final_law(table, law)
-        backtests.append(res)
-        decades = max(0.0, math.log10(c_target / float(c_runs.max())))
-        sig["compute_extrapolation"] = res.rate * decades
-    except (FitError, ValueError) as e:
-        warn.append(f"no compute backtest possible ({e}); the band omits the extrapolation term and is too narrow")
-    lo, hi, total = _band(np.array([point]), {k: np.array([v]) for k, v in sig.items()})
-    T = target.steps()
-    params = {k: percentile_interval(np.array(v), getattr(fit, k)) for k, v in samples.items()}
-    return Forecast(
-        target=target, method=law, inputs_fingerprint=fingerprint_table(table),
-        curve=_curve(np.array([T]), np.array([point]), lo, hi, target),
-        final_loss=point, final_loss_lo=float(lo[0]), final_loss_hi=float(hi[0]),
-        law=fit.formula(), params=params, backtest=backtests,
-        band_terms=dict(sig) | {"total": float(total[0])}, warnings=warn,
-    )
 
 
 # ---------------------------------------------------------------- refits

@@ -36,13 +36,27 @@ def test_backtest_report_on_marin_compute_and_prefix():
 
 def test_chinchilla_forecast_of_a_70b_run_with_interval_and_json_keys():
     t = chinchilla_points(DATA / "chinchilla_svg_extracted_data.csv")
-    f = forecast_target(t, TargetSpec(name="chinchilla-70b", params_active=70e9, tokens=1.4e12), n_bootstrap=30)
+    f = forecast_target(t, TargetSpec(name="chinchilla-70b", params_active=70e9, tokens=1.4e12), method="chinchilla", n_bootstrap=30)
     assert f.method == "chinchilla"
     assert 1.85 < f.final_loss < 2.05
     assert f.final_loss_lo < f.final_loss < f.final_loss_hi
     doc = json.loads(json.dumps(f.summary()))
     assert doc["final_loss_lo"] == f.final_loss_lo and doc["final_loss_hi"] == f.final_loss_hi
     assert set(f.params) == {"E", "A", "B", "alpha", "beta"}
+
+
+def test_auto_picks_the_law_by_backtest_and_says_which_won_and_by_how_much():
+    t = chinchilla_points(DATA / "chinchilla_svg_extracted_data.csv")
+    f = forecast_target(t, TargetSpec(name="chinchilla-70b", params_active=70e9, tokens=1.4e12), n_bootstrap=10)
+    scored = {c["method"]: c for c in f.selection if c.get("expected_error") is not None}
+    assert {"compute", "overtrain", "chinchilla", "farseer"} <= set(scored)
+    chosen = [c for c in f.selection if c.get("chosen")]
+    assert len(chosen) == 1 and chosen[0]["method"] == f.method
+    best = min(c["expected_error"] for c in scored.values())
+    assert chosen[0]["expected_error"] <= best * 1.10 + 1e-12  # the winner, or a simpler law within 10% of it
+    not_applicable = {c["method"]: c["reason"] for c in f.selection if c.get("applicable") is False}
+    assert "params_total" in not_applicable["moe"] and "unique_tokens" in not_applicable["data_constrained"]
+    assert 1.85 < f.final_loss < 2.05
 
 
 @pytest.mark.slow  # ~35 s: CURVE's Multi-Power Law fit and its model-error calibration

@@ -1,0 +1,408 @@
+"""Final-loss laws as forecasting methods: one interface to fit, backtest and draw a whole curve.
+
+Why one interface: `auto` must compare laws on the evidence of the table it is given, so every law
+(Chinchilla's, the compute law, and the surfaces of `forecasting.surfaces`) is fitted, backtested and
+turned into a forecast the same way; only the formula differs.
+
+- Backtest (`backtest_law`): expanding splits by compute. The runs are sorted by planned compute; each
+  split fits the smaller runs and predicts every larger one. The distance of a prediction is the
+  decades of compute beyond the largest fitted run PLUS the decades of tokens per parameter outside
+  the fitted runs' range, so a law that cannot extrapolate in D/N is charged for it. Its `rate` is
+  the RMS error per unit of that distance; a forecast's extrapolation term is rate x its own distance.
+- Uncertainty of the fit: bootstrap over runs when there are at least two runs more than parameters;
+  otherwise a parametric bootstrap (refits on the losses perturbed by the fit's residual scatter, never
+  less than `NOISE_FLOOR`, the seed-to-seed spread of a final eval), because resampling three runs
+  only redraws the same three runs.
+- Nothing backtestable (too few runs): the extrapolation term is `PRIOR_RATE` per unit distance, the
+  error per decade measured for final laws on the public backtest suite (BENCHMARKS.md), and the
+  forecast says so.
+- Curves: a final law predicts fully trained runs. Along a run, the loss at progress g is the law at
+  the tokens seen so far plus an offset for the schedule state (not yet annealed); that offset is
+  measured on the rungs' own curves, relative to their final point (`ScheduleOffsets`), so the final
+  loss stays the law's and the curve inherits the recipe's schedule. Its band adds the offsets' spread
+  across rungs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from forecasting.bootstrap import percentile_interval, run_weights
+from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
+from forecasting.forecast import BacktestResult, TargetSpec
+from forecasting.surfaces import SURFACES, fit_surface
+
+FINAL_LAWS = ("compute", "overtrain", "chinchilla", "farseer", "moe", "data_constrained")  # simplest first
+N_PARAMS = {"compute": 3, "overtrain": 4, "chinchilla": 5, "farseer": 6, "moe": 6, "data_constrained": 6}
+NOISE_FLOOR = 0.004
+PRIOR_RATE = 0.04
+MIN_DISTANCE = 0.05
+Z95 = 1.959963984540054
+
+
+@dataclass
+class FinalModel:
+    """A fitted final-loss law with one `predict(points)` over dicts of arrays."""
+
+    law: str
+    obj: object
+    params: dict[str, float]
+    formula: str
+
+    def predict(self, pts: dict[str, np.ndarray]) -> np.ndarray:
+        if self.law == "compute":
+            return np.asarray(self.obj.predict(pts["flops"]), dtype=float)
+        if self.law == "chinchilla":
+            return np.asarray(self.obj.predict(pts["params_active"], pts["tokens"]), dtype=float)
+        return self.obj.predict(pts)
+
+
+# ---------------------------------------------------------------- points
+
+
+def final_points(table: pd.DataFrame) -> pd.DataFrame:
+    """The last point of every finished run (fraction >= 0.999 when known), with `run_flops`, sorted by compute."""
+    last = table.sort_values("step").groupby("run").tail(1)
+    if "fraction" in last.columns:
+        last = last[last["fraction"] >= 0.999]
+    last = last.copy()
+    if "flops" in last.columns:
+        last["run_flops"] = last["flops"] / (last["fraction"] if "fraction" in last.columns else 1.0)
+    elif {"params_active", "tokens"} <= set(last.columns):
+        last["run_flops"] = 6 * last["params_active"] * last["tokens"]
+    else:
+        raise FitError("final-loss laws need flops, or params_active and tokens, per run")
+    return last.sort_values("run_flops", kind="stable").reset_index(drop=True)
+
+
+def points_of(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    out = {"flops": frame["run_flops"].to_numpy(float) if "run_flops" in frame.columns else frame["flops"].to_numpy(float)}
+    for c in ("params_active", "tokens", "params_total", "unique_tokens"):
+        if c in frame.columns:
+            out[c] = frame[c].to_numpy(float)
+    if "params_total" not in out and "params_active" in out:
+        out["params_total"] = out["params_active"]
+    return out
+
+
+def target_point(target: TargetSpec) -> dict[str, np.ndarray]:
+    pt = {"params_active": target.params_active, "tokens": target.tokens,
+          "params_total": target.params_total or target.params_active, "flops": target.planned_flops()}
+    if target.unique_tokens is not None:
+        pt["unique_tokens"] = target.unique_tokens
+    return {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in pt.items()}
+
+
+def _log_m(pts: dict) -> np.ndarray | None:
+    if "params_active" in pts and "tokens" in pts:
+        return np.log10(pts["tokens"] / pts["params_active"])
+    return None
+
+
+def distance(pts: dict, fit_pts: dict) -> np.ndarray:
+    """Extrapolation distance of `pts` from the fitted runs: compute decades beyond + D/N decades outside."""
+    d = np.maximum(np.log10(pts["flops"] / float(np.max(fit_pts["flops"]))), 0.0)
+    m, mf = _log_m(pts), _log_m(fit_pts)
+    if m is not None and mf is not None:
+        d = d + np.maximum(m - mf.max(), 0.0) + np.maximum(mf.min() - m, 0.0)
+    return np.maximum(d, MIN_DISTANCE)
+
+
+def tokens_per_param_spread(final: pd.DataFrame) -> float:
+    """Decades spanned by D/N over the finished runs (0 when the ladder keeps one ratio)."""
+    if not {"params_active", "tokens"} <= set(final.columns) or len(final) < 2:
+        return 0.0
+    return float(np.ptp(np.log10(final["tokens"].to_numpy(float) / final["params_active"].to_numpy(float))))
+
+
+# ---------------------------------------------------------------- fit
+
+
+def applicable(law: str, final: pd.DataFrame) -> str | None:
+    """None when `law` can be fitted to these final points, else why not."""
+    if law == "compute":
+        return None if final["run_flops"].nunique() >= 3 else "the compute law needs at least three distinct budgets"
+    need = N_PARAMS[law] + 1
+    if not {"params_active", "tokens"} <= set(final.columns):
+        return "needs params_active and tokens per run"
+    if law == "chinchilla":
+        if len(final) < max(need, 6):
+            return f"needs at least {max(need, 6)} finished runs; got {len(final)}"
+        if final["params_active"].nunique() < 2:
+            return "needs at least two model sizes"
+        if tokens_per_param_spread(final) < 0.05:
+            return ("tokens per parameter do not vary across the runs: alpha and beta cannot be told apart "
+                    "(the over-training form with one exponent is identifiable)")
+        return None
+    return SURFACES[law].applicable(final)
+
+
+def fit_final(law: str, final: pd.DataFrame, *, weights: np.ndarray | None = None, start: dict | None = None,
+              loss: np.ndarray | None = None) -> FinalModel:
+    """Fit `law` to final points; `loss` replaces the observed losses (parametric bootstrap)."""
+    reason = applicable(law, final)
+    if reason:
+        raise FitError(f"the {law} law cannot be fitted here: {reason}")
+    y = final["loss"].to_numpy(float) if loss is None else np.asarray(loss, dtype=float)
+    if law == "compute":
+        fit = fit_compute_law(final["run_flops"].to_numpy(float), y, weights=weights)
+        return FinalModel(law, fit, {"E": fit.E, "A": fit.A, "alpha": fit.alpha}, fit.formula())
+    if law == "chinchilla":
+        kw = {}
+        if start is not None:
+            kw = {"start": np.array([math.log(start["A"]), math.log(start["B"]), math.log(start["E"]), start["alpha"], start["beta"]]),
+                  "n_polish": 1, "candidate_radius": 0.1}
+        fit, diag = fit_chinchilla(final["params_active"], final["tokens"], y, weights=weights, **kw)
+        if not diag.converged:
+            raise FitError(f"the Chinchilla fit did not converge: {diag.message}")
+        return FinalModel(law, fit, {k: getattr(fit, k) for k in ("E", "A", "B", "alpha", "beta")}, fit.formula())
+    frame = final if loss is None else final.assign(loss=y)
+    sf = fit_surface(law, frame, weights=weights, start=start)
+    if not sf.converged:
+        raise FitError(f"the {law} law did not converge")
+    return FinalModel(law, sf, sf.params, sf.formula())
+
+
+# ---------------------------------------------------------------- backtest
+
+
+def _splits(n_runs: int, min_fit: int, max_splits: int = 5) -> list[int]:
+    """Fit-set sizes of the expanding splits (the k smallest runs fit, every larger one is predicted)."""
+    lo = max(min_fit, (n_runs + 1) // 2)
+    if lo > n_runs - 1:
+        return []
+    ks = np.unique(np.linspace(lo, n_runs - 1, min(max_splits, n_runs - lo)).round().astype(int))
+    return [int(k) for k in ks]
+
+
+def backtest_law(law: str, final: pd.DataFrame, *, max_splits: int = 5) -> BacktestResult:
+    """Expanding-split backtest of a final law on these finished runs (see the module docstring); cached."""
+    return _cached(("backtest", law, _key(final), max_splits), lambda: _backtest_law(law, final, max_splits))
+
+
+def _backtest_law(law: str, final: pd.DataFrame, max_splits: int) -> BacktestResult:
+    held, rel, dist = [], [], []
+    last = None
+    for k in _splits(len(final), N_PARAMS[law] + 1, max_splits):
+        fit_part, pred_part = final.iloc[:k], final.iloc[k:]
+        try:
+            model = fit_final(law, fit_part)
+        except FitError:
+            continue
+        pts = points_of(pred_part)
+        pred = model.predict(pts)
+        rel.extend(pred / pred_part["loss"].to_numpy(float) - 1)
+        dist.extend(distance(pts, points_of(fit_part)))
+        held.extend(str(r) for r in pred_part["run"])
+        last = (str(pred_part["run"].iloc[-1]), float(pred[-1]), float(pred_part["loss"].iloc[-1]))
+    return summarise(law, held, rel, dist, last)
+
+
+def summarise(method: str, held: list[str], rel: list[float], dist: list[float], last: tuple | None) -> BacktestResult:
+    r, d = np.asarray(rel, dtype=float), np.asarray(dist, dtype=float)
+    ok = np.isfinite(r) & np.isfinite(d)
+    if not ok.any():
+        raise FitError(f"backtest of {method}: no split could be fitted and scored")
+    r, d = r[ok], d[ok]
+    rms = float(np.sqrt(np.mean(r**2)))
+    return BacktestResult(
+        method=method, kind="compute", held_out=sorted(set(held)), mean_rel_error=float(r.mean()), rms_rel_error=rms,
+        max_abs_rel_error=float(np.abs(r).max()), distance=float(d.mean()),
+        rate=float(np.sqrt(np.sum(r**2) / np.sum(d**2))), n_points=int(len(r)),
+        final_run=None if last is None else last[0], final_predicted=None if last is None else last[1],
+        final_actual=None if last is None else last[2],
+    )
+
+
+# ---------------------------------------------------------------- uncertainty of the fit
+
+
+_CACHE: dict[tuple, object] = {}
+_CACHE_MAX = 256
+
+
+def _cached(key: tuple, make):
+    """Backtests and bootstrap replicates depend on the table alone, not on the target: compute them once."""
+    if key not in _CACHE:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = make()
+    return _CACHE[key]
+
+
+def _key(final: pd.DataFrame) -> str:
+    from forecasting.forecast import fingerprint_table
+
+    return fingerprint_table(final)
+
+
+def replicates(law: str, final: pd.DataFrame, model: FinalModel, n_boot: int, seed: int) -> tuple[list[FinalModel], str]:
+    """Refits that measure the fit's spread: bootstrap over runs when there are at least two runs more than
+    parameters, else a parametric bootstrap (losses perturbed by the residual scatter, >= NOISE_FLOOR)."""
+    n_runs = final["run"].nunique()
+    if n_runs >= N_PARAMS[law] + 2:
+        kind = "bootstrap over runs"
+        weights = run_weights(final["run"], n_boot, seed, min_distinct=min(n_runs, N_PARAMS[law] + 1))
+        draws = [dict(weights=w) for w in weights]
+    else:
+        kind = "parametric bootstrap (too few runs to resample them)"
+        y = final["loss"].to_numpy(float)
+        resid = np.log(model.predict(points_of(final))) - np.log(y)
+        dof = max(len(y) - N_PARAMS[law], 1)
+        sigma = max(float(np.sqrt(np.sum(resid**2) / dof)), NOISE_FLOOR)
+        rng = np.random.default_rng(seed)
+        draws = [dict(loss=y * np.exp(rng.normal(0.0, sigma, len(y)))) for _ in range(n_boot)]
+    out = []
+    for kw in draws:
+        try:
+            out.append(fit_final(law, final, start=model.params if law != "compute" else None, **kw))
+        except (FitError, ValueError, FloatingPointError, np.linalg.LinAlgError):
+            continue
+    return out, kind
+
+
+def fit_spread(law: str, final: pd.DataFrame, model: FinalModel, pts: dict, n_boot: int, seed: int) -> tuple[np.ndarray, dict, str]:
+    """(predictions at `pts` per replicate, parameter samples, kind of bootstrap)."""
+    reps, kind = _cached(("replicates", law, _key(final), n_boot, seed), lambda: replicates(law, final, model, n_boot, seed))
+    preds, samples = [], {k: [] for k in model.params}
+    for b in reps:
+        p = b.predict(pts)
+        if not np.all(np.isfinite(p)):
+            continue
+        preds.append(p)
+        for k in samples:
+            samples[k].append(b.params[k])
+    return np.array(preds), samples, kind
+
+
+# ---------------------------------------------------------------- curves
+
+
+@dataclass
+class ScheduleOffsets:
+    """log L(g) - log L(1) minus the law's own decline from g*D to D, per rung, on a grid of fractions."""
+
+    grid: np.ndarray
+    mean: np.ndarray
+    spread: np.ndarray
+    n_runs: np.ndarray
+
+    def at(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lg = np.log(np.clip(g, 1e-6, 1.0))
+        lgrid = np.log(self.grid)
+        mean = np.interp(lg, lgrid, self.mean)
+        spread = np.interp(lg, lgrid, self.spread)
+        below = lg < lgrid[0]
+        if np.any(below):
+            k = min(3, len(self.grid))
+            slope = np.polyfit(lgrid[:k], self.mean[:k], 1)[0] if k >= 2 else 0.0
+            dist = lgrid[0] - lg[below]
+            mean[below] = self.mean[0] - slope * dist
+            spread[below] = self.spread[0] + np.abs(slope) * dist  # the extension is a guess: widen as it goes
+        return mean, spread
+
+
+def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, min_points: int = 3) -> ScheduleOffsets | None:
+    """Offsets from the rungs' whole curves (runs with >= min_points evals and a fraction column), or None."""
+    if not {"fraction", "tokens"} <= set(table.columns):
+        return None
+    per_run = []
+    for _, c in table.sort_values("step").groupby("run"):
+        c = c[c["fraction"] > 0]
+        if len(c) < min_points or c["fraction"].iloc[-1] < 0.999:
+            continue
+        pts = points_of(c.assign(run_flops=c["flops"]) if "flops" in c.columns else c.assign(run_flops=6 * c["params_active"] * c["tokens"]))
+        law = np.log(model.predict(pts))
+        obs = np.log(c["loss"].to_numpy(float))
+        per_run.append((np.log(c["fraction"].to_numpy(float)), (obs - obs[-1]) - (law - law[-1])))
+    if not per_run:
+        return None
+    lo = min(lg[0] for lg, _ in per_run)
+    grid = np.unique(np.r_[np.linspace(lo, 0.0, 40), [lg[0] for lg, _ in per_run]])
+    vals = np.full((len(per_run), len(grid)), np.nan)
+    for i, (lg, off) in enumerate(per_run):
+        inside = (grid >= lg[0] - 1e-9) & (grid <= lg[-1] + 1e-9)
+        vals[i, inside] = np.interp(grid[inside], lg, off)
+    n = np.sum(np.isfinite(vals), axis=0)
+    mean = np.nanmean(np.where(np.isfinite(vals), vals, np.nan), axis=0)
+    spread = np.where(n >= 2, np.nanstd(vals, axis=0, ddof=min(1, len(per_run) - 1)) if len(per_run) > 1 else 0.0, np.abs(mean) * 0.5)
+    spread = np.nan_to_num(spread, nan=0.0)
+    keep = n > 0
+    return ScheduleOffsets(grid=np.exp(grid[keep]), mean=mean[keep], spread=spread[keep], n_runs=n[keep])
+
+
+def curve_prediction(model: FinalModel, target: TargetSpec, steps: np.ndarray, offsets: ScheduleOffsets | None) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted loss, extra relative sigma of the shape) at `steps` of the target: the law at the tokens
+    seen by each step, times the rungs' schedule offset at that progress (1 at the final step)."""
+    g = np.asarray(steps, dtype=float) / target.steps()
+    pts = {k: np.full(len(g), v[0]) for k, v in target_point(target).items()}
+    pts["tokens"] = pts["tokens"] * g
+    pts["flops"] = pts["flops"] * g
+    law = np.log(model.predict(pts))
+    if offsets is None:
+        return np.exp(law), np.zeros(len(g))
+    off, spread = offsets.at(g)
+    return np.exp(law + off), spread
+
+
+# ---------------------------------------------------------------- the forecast
+
+
+def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: int, seed: int):
+    """A Forecast from a final-loss law: final loss with its band, and the whole curve when rungs have curves."""
+    from forecasting import api  # curve steps and band helpers (api imports this module at its top)
+    from forecasting.forecast import Forecast, fingerprint_table
+
+    warn: list[str] = []
+    final = final_points(table)
+    dropped = sorted(set(table["run"]) - set(final["run"]))
+    if dropped:
+        warn.append(f"runs not finished (fraction < 0.999) left out of the final-loss fit: {dropped}")
+    model = _cached(("fit", law, _key(final)), lambda: fit_final(law, final))
+    tp = target_point(target)
+    point = float(model.predict(tp)[0])
+    preds, samples, kind = fit_spread(law, final, model, tp, n_boot, seed)
+    sig: dict[str, float] = {}
+    if len(preds) >= 10:
+        q_lo, q_hi = np.quantile(preds[:, 0], [0.025, 0.975])
+        sig["fit"] = float((q_hi - q_lo) / (2 * Z95) / point)
+    else:
+        warn.append(f"only {len(preds)} of {n_boot} refits ({kind}) succeeded: the fit term of the band is missing")
+    if kind.startswith("parametric"):
+        warn.append(f"{final['run'].nunique()} finished runs for {N_PARAMS[law]} parameters: the fit's spread comes from a "
+                    f"parametric bootstrap (residual scatter, at least {NOISE_FLOOR:.1%} per eval)")
+    d_target = float(distance(tp, points_of(final))[0])
+    backtests = []
+    try:
+        res = backtest_law(law, final)
+        backtests.append(res)
+        # never narrower than the error the backtest measured at its own distances
+        sig["extrapolation"] = max(res.rate * max(d_target, res.distance), NOISE_FLOOR)
+    except FitError as e:
+        sig["extrapolation_prior"] = PRIOR_RATE * d_target
+        warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "
+                    f"{PRIOR_RATE:.0%} per decade of distance ({d_target:.2f} here)")
+    T = target.steps()
+    steps = api._curve_steps(T, np.arange(1, 21) * 0.05) if T > 1 else np.array([1])
+    offsets = schedule_offsets(table, model) if T > 1 else None
+    if T > 1 and offsets is None:
+        warn.append("no rung has a whole curve: the curve before the final step is the law at the tokens seen, "
+                    "without the schedule's offset")
+    pred, shape = curve_prediction(model, target, steps, offsets)
+    pred = pred * point / pred[-1] if T == 1 else pred
+    rel = {k: np.full(len(steps), v) for k, v in sig.items()}
+    rel["schedule_shape"] = shape
+    lo, hi, total = api._band(pred, rel)
+    if tokens_per_param_spread(final) < 0.05 and law != "compute":
+        warn.append("tokens per parameter do not vary across the runs: the D/N direction is not identified by this ladder")
+    params = {k: percentile_interval(np.array(v), model.params[k]) for k, v in samples.items()}
+    return Forecast(
+        target=target, method=law, inputs_fingerprint=fingerprint_table(table),
+        curve=api._curve(steps, pred, lo, hi, target), final_loss=float(pred[-1]), final_loss_lo=float(lo[-1]),
+        final_loss_hi=float(hi[-1]), law=model.formula, params=params, backtest=backtests,
+        band_terms=sig | {"distance": d_target, "total": float(total[-1])}, warnings=warn,
+    )

@@ -1,0 +1,157 @@
+"""`method="auto"`: the law chosen from evidence, by a backtest on the table it is given.
+
+Why a backtest and not rules on columns: which law extrapolates best depends on the ladder (its spread
+in tokens per parameter, its sparsity, its schedule), and the only evidence a user has is how each law
+predicted the ladder's own larger runs. Every applicable candidate is backtested on the same expanding
+splits (fit the smaller runs by compute, predict every larger one; `forecasting.final_laws`), scored by
+its error per unit of extrapolation distance (decades of compute beyond the fitted runs plus decades
+of tokens per parameter outside them), and the candidate with the smallest expected error at the
+target's own distance wins. A simpler law within 10% of the best is preferred (fewer parameters,
+less luck).
+
+Rules that are not backtests:
+- `multipower` when the table holds curves of the target's own size with logged LR and the target's
+  schedule is known: that is a schedule transfer, not a size extrapolation, and CURVE's law is
+  calibrated on those very curves.
+- `matched_progress` is a same-recipe method: refused, with the reason, when the target's tokens per
+  parameter lie outside the rungs' range (x/÷ `MP_RATIO_SLACK`).
+- Nothing can be backtested (too few runs): the first applicable of matched_progress, chinchilla,
+  overtrain, compute, with a warning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from forecasting import final_laws as fl
+from forecasting.fitting import FitError
+from forecasting.forecast import TargetSpec
+from forecasting.matched_progress import fit_profiled
+
+MP_RATIO_SLACK = 1.25
+PREFER_SIMPLER = 1.10
+WARN_ERROR = 0.03
+SIMPLICITY = {"matched_progress": 0, "compute": 1, "overtrain": 2, "chinchilla": 3, "farseer": 4, "moe": 4, "data_constrained": 4}
+
+
+def n_curve_runs(table: pd.DataFrame) -> int:
+    if not {"fraction", "flops"} <= set(table.columns):
+        return 0
+    return int((table.groupby("run")["fraction"].nunique() >= 2).sum())
+
+
+def matched_progress_refusal(table: pd.DataFrame, target: TargetSpec | None) -> str | None:
+    """Why matched progress must not forecast this target (None when it may)."""
+    if n_curve_runs(table) < 3:
+        return "needs at least three rungs with whole curves (fraction and flops columns)"
+    if target is None or not {"params_active", "tokens"} <= set(table.columns):
+        return None
+    last = table.sort_values("step").groupby("run").tail(1)
+    full_tokens = last["tokens"] / last["fraction"]
+    m = (full_tokens / last["params_active"]).to_numpy(float)
+    m_t = target.tokens / target.params_active
+    if not (m.min() / MP_RATIO_SLACK <= m_t <= m.max() * MP_RATIO_SLACK):
+        return (f"the target's {m_t:.3g} tokens per parameter lie outside the rungs' {m.min():.3g}-{m.max():.3g}: "
+                "matched progress assumes rungs and target share tokens-per-parameter scaling")
+    return None
+
+
+def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5):
+    """Matched progress on the same expanding splits as the final laws, scored on each held-out run's last point."""
+    last = table.sort_values("step").groupby("run").tail(1).copy()
+    last["run_flops"] = last["flops"] / last["fraction"]
+    last = last.sort_values("run_flops", kind="stable").reset_index(drop=True)
+    held, rel, dist, final = [], [], [], None
+    for k in fl._splits(len(last), 3, max_splits):
+        fit_runs = list(last["run"].iloc[:k])
+        try:
+            fit = fit_profiled(table[table["run"].isin(fit_runs)], min_runs=3)
+        except FitError:
+            continue
+        part = last.iloc[k:]
+        pred = np.array([fit.predict(g, c)[0] for g, c in zip(part["fraction"], part["run_flops"], strict=True)])
+        rel.extend(pred / part["loss"].to_numpy(float) - 1)
+        dist.extend(fl.distance(fl.points_of(part), fl.points_of(last.iloc[:k])))
+        held.extend(part["run"].astype(str))
+        final = (str(part["run"].iloc[-1]), float(pred[-1]), float(part["loss"].iloc[-1]))
+    return fl.summarise("matched_progress", held, rel, dist, final)
+
+
+def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: list[str]) -> tuple[str, list[dict], list[str]]:
+    """(chosen method, every candidate with its evidence, warnings)."""
+    warn: list[str] = []
+    cands: list[dict] = []
+    if same_size_runs and target.lr is not None:
+        cands.append({"method": "multipower", "chosen": True,
+                      "reason": f"{len(same_size_runs)} curve(s) of the target's own size with logged LR: schedule transfer"})
+        return "multipower", cands, warn
+    try:
+        final = fl.final_points(table)
+    except FitError:
+        final = None
+    tp = fl.target_point(target)
+    ref = _all_runs(table)
+    mp_refusal = matched_progress_refusal(table, target)
+    if mp_refusal:
+        cands.append({"method": "matched_progress", "applicable": False, "reason": mp_refusal})
+    else:
+        key = ("mp_backtest", fl._key(table))
+        cands.append(_evidence("matched_progress", lambda: fl._cached(key, lambda: backtest_matched_progress(table)), tp, ref))
+    for law in fl.FINAL_LAWS:
+        reason = "no finished run" if final is None or len(final) == 0 else fl.applicable(law, final)
+        if reason:
+            cands.append({"method": law, "applicable": False, "reason": reason})
+        else:
+            cands.append(_evidence(law, lambda law=law: fl.backtest_law(law, final), tp, ref))
+    scored = [c for c in cands if c.get("expected_error") is not None]
+    if scored:
+        best = min(scored, key=lambda c: c["expected_error"])
+        simpler = [c for c in scored if c["expected_error"] <= best["expected_error"] * PREFER_SIMPLER]
+        choice = min(simpler, key=lambda c: (SIMPLICITY[c["method"]], c["expected_error"]))
+        if choice["expected_error"] > WARN_ERROR:
+            warn.append(f"no method backtests well on this ladder: the best, {choice['method']}, missed the ladder's own "
+                        f"larger runs by {choice['backtest_rms']:.1%} RMS, {choice['expected_error']:.1%} expected at the "
+                        "target's distance; the band is wide for that reason")
+    else:
+        order = ["matched_progress", "chinchilla", "overtrain", "compute"]
+        usable = [c for c in cands if c.get("applicable", True) and c["method"] in order]
+        if not usable:
+            raise FitError(
+                f"cannot fit any law: {table['run'].nunique()} run(s); need >= 3 runs with curves (matched progress), "
+                ">= 6 finished runs over >= 2 sizes (chinchilla) or >= 3 finished runs (compute law)"
+            )
+        choice = min(usable, key=lambda c: order.index(c["method"]))
+        warn.append(f"no candidate could be backtested on {table['run'].nunique()} run(s); {choice['method']} chosen by rule, "
+                    "its band uses the public suite's error rate")
+    choice["chosen"] = True
+    return choice["method"], cands, warn
+
+
+def _evidence(method: str, run_backtest, tp: dict, ref: dict | None) -> dict:
+    out: dict = {"method": method, "applicable": True}
+    try:
+        res = run_backtest()
+    except (FitError, ValueError) as e:
+        out["reason"] = f"no backtest: {e}"
+        return out
+    d_target = float(fl.distance(tp, ref)[0]) if ref is not None else float("nan")
+    out.update(backtest_rms=res.rms_rel_error, backtest_mean=res.mean_rel_error, rate=res.rate,
+               backtest_points=res.n_points, target_distance=d_target,
+               expected_error=float(res.rate * d_target) if np.isfinite(d_target) else res.rms_rel_error)
+    return out
+
+
+def _all_runs(table: pd.DataFrame) -> dict | None:
+    """Planned size, tokens and compute of every run (finished or not): the reference for the target's distance."""
+    last = table.sort_values("step").groupby("run").tail(1).copy()
+    frac = last["fraction"] if "fraction" in last.columns else 1.0
+    if "flops" in last.columns:
+        last["run_flops"] = last["flops"] / frac
+    elif {"params_active", "tokens"} <= set(last.columns):
+        last["run_flops"] = 6 * last["params_active"] * last["tokens"] / frac
+    else:
+        return None
+    if "tokens" in last.columns:
+        last["tokens"] = last["tokens"] / frac
+    return fl.points_of(last)
