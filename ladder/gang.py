@@ -28,6 +28,7 @@ records every attempt (coordinator, nodes, pids, outcome).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -54,6 +55,14 @@ class GangError(RuntimeError):
 def uses_gang(resources: ResourceSpec) -> bool:
     """Whether a training step with these resources runs as separate process(es) under ``run_gang``."""
     return resources.hosts > 1 or resources.cpu_devices_per_host is not None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an IP address) is this machine's loopback, where a gang's servers must stay."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def bundle_of(resources: ResourceSpec) -> dict[str, float]:
@@ -98,8 +107,9 @@ class GangMember:
         return ray.util.get_node_ip_address()
 
     def free_port(self) -> int:
+        host = self.node_address()
         with socket.socket() as sock:
-            sock.bind(("", 0))
+            sock.bind((host if is_loopback(host) else "", 0))
             return sock.getsockname()[1]
 
     def start(self, argv: list[str], env: dict[str, str], log_path: str) -> int:
@@ -201,6 +211,8 @@ def run_gang(
             coordinator = f"{nodes[0]}:{ray.get(members[0].free_port.remote(), timeout=60)}"
             record.update(coordinator=coordinator, nodes=nodes)
             env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")} if os.environ.get("JAX_PLATFORMS") else {}
+            if is_loopback(nodes[0]):  # jax.distributed's coordinator would listen on [::] (all addresses)
+                env["JAX_COORDINATOR_BIND_ADDRESS"] = coordinator
             pids = ray.get(
                 [
                     m.start.remote(
