@@ -259,9 +259,13 @@ def submit(
                       "pending": "run", "blocked": "blocked"}[row.state]
             console.print(f"{name:24s} {action:36s} {row.path}")
         raise typer.Exit(EXIT_OK)
+    from ladder.progress import SubmitProgress, quiet_ray_warnings
+
+    quiet_ray_warnings(tty=console.is_terminal)
     try:
         report = run(exp.dag, store, steps or None, ray_address=ray_address, retry_failed=retry_failed,
-                     log=lambda line: console.print(line, markup=False), wait_for_others=wait)
+                     log=lambda line: console.print(line, markup=False, highlight=False), wait_for_others=wait,
+                     experiment=exp.name, progress=SubmitProgress(store, console))
     except ExecutionError as error:
         _fail(str(error))
     _print_states(report.states)
@@ -351,9 +355,20 @@ def show(
         except DagError as error:
             _fail(str(error))
         run_dir = store.run_dir(step, exp.dag.fingerprints[step])
-    spec = store.read_json(f"{run_dir}/spec.json")
-    state = store.read_json(f"{run_dir}/status.json")
-    result = store.read_json(f"{run_dir}/result.json")
+    from ladder.store import StoreError
+
+    def read(name: str) -> Any:
+        try:
+            return store.read_status(run_dir) if name == "status.json" else store.read_json(f"{run_dir}/{name}")
+        except StoreError as error:  # one unreadable file must not hide the rest of the step
+            err_console.print(f"[yellow]warning:[/] {error}")
+            return None
+
+    spec, state, result = read("spec.json"), read("status.json"), read("result.json")
+    if state and state.get("unreadable"):
+        from ladder.executor import _status_note
+
+        err_console.print(f"[yellow]warning:[/] {_status_note(state)}")
     from trainer.metrics import apply_resume_markers
 
     rows, _ = read_metrics(store, run_dir)
@@ -701,6 +716,7 @@ def schema() -> None:
 
 def _register_commands_from_modules() -> None:
     """Commands whose code lives beside what they drive (importer, plots, live view)."""
+    from ladder.attach import attach_command
     from ladder.demo import demo_command
     from ladder.importer import import_command
     from ladder.plots import plot_command
@@ -708,6 +724,7 @@ def _register_commands_from_modules() -> None:
     from ladder.watch import watch_command
 
     app.command("import")(import_command)
+    app.command("attach")(attach_command)
     app.command("plot")(plot_command)
     app.command("watch")(watch_command)
     app.command("report")(report_command)

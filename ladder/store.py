@@ -52,6 +52,14 @@ class StoreError(RuntimeError):
     pass
 
 
+class CorruptFileError(StoreError):
+    """A JSON file of the store that does not parse; `path` is its URL."""
+
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path
+
+
 _MEMORY_LOCKS: dict[str, threading.Lock] = {}
 _MEMORY_LOCKS_GUARD = threading.Lock()
 
@@ -103,8 +111,10 @@ class Store:
             return None
         try:
             return json.loads(data)
-        except json.JSONDecodeError as error:
-            raise StoreError(f"{self.url_of(path)} is not valid JSON ({error}); it may be corrupt, inspect or delete it.") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise CorruptFileError(
+                f"{self.url_of(path)} is not valid JSON ({error}); it may be corrupt, inspect or delete it.", self.url_of(path)
+            ) from None
 
     def write_json(self, path: str, obj: Any) -> None:
         """Write JSON atomically: readers see the old file or the new one, never a mix."""
@@ -172,13 +182,77 @@ class Store:
         return f"{run_dir}/status.json"
 
     def read_status(self, run_dir: str) -> dict[str, Any] | None:
-        return self.read_json(self.status_path(run_dir))
+        """The step's status; an unreadable status.json reads as the status rebuilt from the run directory
+        (see `rebuild_status`, with `unreadable` naming the file) so one corrupt file affects only its step."""
+        try:
+            return self.read_json(self.status_path(run_dir))
+        except CorruptFileError as error:
+            return self.rebuild_status(run_dir, error.path)
+
+    def rebuild_status(self, run_dir: str, unreadable: str) -> dict[str, Any]:
+        """What status.json would say, from what the run directory holds; reads only.
+
+        result.json -> done; metrics.jsonl or checkpoints -> interrupted (the next attempt resumes from the
+        newest checkpoint), held by an unknown owner while metrics.jsonl was written within the lease TTL
+        (a holder may still be running); nothing -> pending. Attempts and history are lost with the file.
+        """
+        now = time.time()
+        sources = []
+        try:
+            result = self.read_json(f"{run_dir}/result.json")
+        except CorruptFileError:
+            result = None
+        if isinstance(result, dict):
+            sources.append("result.json")
+        metrics = f"{run_dir}/metrics.jsonl"
+        if self.fs.exists(metrics):
+            sources.append("metrics.jsonl")
+        try:
+            if self.fs.ls(f"{run_dir}/checkpoints", detail=False):
+                sources.append("checkpoints")
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        status: dict[str, Any] = {"state": "pending", "attempts": 0, "history": []}
+        if "result.json" in sources:
+            status["state"] = "done"
+        elif sources:
+            status["state"] = "interrupted"
+            written = self._modified(metrics) if "metrics.jsonl" in sources else None
+            if written is not None and now - written < lease_ttl_seconds():
+                status["state"] = "running"
+                status["lease"] = {"owner": "unknown (status.json was unreadable)", "heartbeat": written, "acquired_at": written}
+        status["unreadable"] = {"path": unreadable, "rebuilt_from": sources, "at": now}
+        return status
+
+    def _modified(self, path: str) -> float | None:
+        try:
+            return self.fs.modified(path).timestamp()
+        except Exception:  # noqa: BLE001 - not every filesystem knows; then no holder is assumed
+            return None
+
+    def _move_aside(self, path: str) -> str:
+        """Rename a corrupt file to `path.corrupt-<time>` (never delete it); returns the new path."""
+        aside = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        if self.is_local:
+            os.replace(path, aside)
+        else:
+            self.fs.mv(path, aside)
+        return aside
 
     def update_status(self, run_dir: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
-        """Guarded read-modify-write of status.json; `change` edits the dict (or returns a new one)."""
+        """Guarded read-modify-write of status.json; `change` edits the dict (or returns a new one).
+
+        An unreadable status.json is moved aside and replaced by the status rebuilt from the run directory."""
         path = self.status_path(run_dir)
         with self._guard(path):
-            status = self.read_json(path) or {"state": "pending", "attempts": 0, "history": []}
+            try:
+                status = self.read_json(path) or {"state": "pending", "attempts": 0, "history": []}
+            except CorruptFileError as error:
+                status = self.rebuild_status(run_dir, error.path)
+                unreadable = status.pop("unreadable")
+                aside = self.url_of(self._move_aside(path))
+                status["rebuilt"] = {"moved_aside": aside, "rebuilt_from": unreadable["rebuilt_from"], "at": unreadable["at"]}
+                status["history"].append({"event": "status_rebuilt", **status["rebuilt"]})
             updated = change(status)
             status = updated if updated is not None else status
             status["updated_at"] = time.time()
@@ -204,6 +278,7 @@ class Store:
                     {"event": "lease_taken_over", "from": lease.get("owner"), "stale_for": now - lease.get("heartbeat", 0), "at": now}
                 )
             status["lease"] = {"owner": owner, "heartbeat": now, "acquired_at": now, "host": socket.gethostname(), "pid": os.getpid()}
+            status.pop("rebuilt", None)  # a new attempt: the rebuild stays in history only
             status["state"] = "running"
             status["attempts"] = int(status.get("attempts", 0)) + 1
             status["started_at"] = now

@@ -61,7 +61,7 @@ class WatchState:
         store = self._store
         if not self.spec:
             self.spec = store.read_json(f"{store.root}/spec.json") or {}
-        self.status = store.read_json(f"{store.root}/status.json") or {}
+        self.status = store.read_status(store.root) or {}
         rows, self.offset = read_metrics(store, store.root, offset=self.offset)
         for row in rows:
             self._take(row)
@@ -218,7 +218,7 @@ def render(state: WatchState):
         if band is not None:
             inside = band[1] <= state.eval_loss <= band[2]
             style = "green" if inside else "red"
-            line += f"   predicted {band[0]:.4f} [{band[1]:.4f}, {band[2]:.4f}]   [{style}]{sigma:+.2f} sigma[/]"
+            line += f"   predicted {band[0]:.4f} [{band[1]:.4f}, {band[2]:.4f}]   [{style}]{_sigma_text(sigma, band)}[/]"
         grid.add_row("eval loss", line)
     else:
         grid.add_row("eval loss", "- (no eval yet)")
@@ -316,3 +316,13 @@ def watch_command(
 def _finished(state: WatchState) -> bool:
     """A done or failed run writes nothing more: stop following it."""
     return state.status.get("state") in ("done", "failed")
+
+
+def _sigma_text(sigma: float | None, band: tuple[float, float, float]) -> str:
+    """How far off the band, in words a reader can trust: never an infinite or absurd sigma."""
+    loss, lo, hi = band
+    if sigma is None or not math.isfinite(sigma) or (hi - lo) <= 1e-9 * max(abs(loss), 1.0):
+        return "band has zero width (no sigma)"
+    if abs(sigma) > 1000:
+        return f"{'+' if sigma > 0 else '-'}>1000 sigma"
+    return f"{sigma:+.2f} sigma"
