@@ -147,12 +147,9 @@ def read_table_file(path: str) -> pd.DataFrame:
             df = pd.read_csv(f, sep="\t" if suffix == ".tsv" else ",")
         else:
             raise TableError(f"unknown table format {suffix!r} for {path}; use .csv or .parquet")
-    df = normalise_columns(df)
-    if "run" not in df.columns:
-        df["run"] = PurePosixPath(path).stem
-    if "step" not in df.columns:
-        df["step"] = np.arange(len(df))
-    return validate_table(df)
+    from forecasting.external import tidy_table  # other trainers' names; sparse W&B exports aligned by step
+
+    return validate_table(tidy_table(df, PurePosixPath(path).stem))
 
 
 def from_records(records: Sequence[Mapping] | pd.DataFrame, **constants: float | str) -> pd.DataFrame:

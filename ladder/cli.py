@@ -717,6 +717,7 @@ def schema() -> None:
 def _register_commands_from_modules() -> None:
     """Commands whose code lives beside what they drive (importer, plots, live view)."""
     from ladder.attach import attach_command
+    from ladder.attach import attach_command
     from ladder.demo import demo_command
     from ladder.importer import import_command
     from ladder.plots import plot_command
@@ -724,6 +725,7 @@ def _register_commands_from_modules() -> None:
     from ladder.watch import watch_command
 
     app.command("import")(import_command)
+    app.command("attach")(attach_command)
     app.command("attach")(attach_command)
     app.command("plot")(plot_command)
     app.command("watch")(watch_command)
