@@ -56,6 +56,7 @@ from forecasting.table import TableError, find_duplicate_runs, from_run_dirs, re
 
 Z95 = 1.959963984540054
 METHODS = ("matched_progress", "chinchilla", "compute", "multipower", "overtrain", "farseer", "moe", "data_constrained")
+EVAL_NOISE_FLOOR = 1e-3  # an eval's own noise is never taken as zero, even when a smooth prefix fits exactly
 SAME_SIZE_RTOL = 0.02  # runs within 2% of the target's active parameters count as "the same model size"
 
 
@@ -265,6 +266,8 @@ def choose_method(table: pd.DataFrame) -> str:
         return "matched_progress"
     final = bt._final_points(table)
     if {"params_active", "tokens"} <= set(final.columns) and len(final) >= 6 and final["params_active"].nunique() >= 2:
+        if fl.tokens_per_param_spread(final) < 0.05:
+            return "overtrain"  # one D/N: alpha and beta cannot be told apart, one shared exponent can
         return "chinchilla"
     if len(final) >= 3:
         return "compute"
@@ -297,6 +300,10 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
     warn: list[str] = []
     table = _drop_duplicate_runs(table, warn)
     law = choose_method(table) if law == "auto" else law
+    if law in ("overtrain", "farseer", "moe", "data_constrained") or (
+        law == "chinchilla" and fl.tokens_per_param_spread(bt._final_points(table)) < 0.05
+    ):
+        return _fit_ladder_surface(table, law, n_bootstrap, seed, warn)
     if law == "chinchilla":
         final = _final_table(table, warn)
         n, d, y = (final[c].to_numpy(float) for c in ("params_active", "tokens", "loss"))
@@ -378,6 +385,35 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
             **_final_fields(str(last["run"].iloc[top]), float(pred[top]), top_preds), warnings=warn,
         )
     raise ValueError(f"unknown law {law!r}; choose from {METHODS} or 'auto'")
+
+
+def _fit_ladder_surface(table: pd.DataFrame, law: str, n_bootstrap: int, seed: int, warn: list[str]) -> LadderFit:
+    """fit_ladder for the surfaces of forecasting.surfaces (and Chinchilla's, refused when D/N never varies)."""
+    final = fl.final_points(table)
+    dropped = sorted(set(table["run"]) - set(final["run"]))
+    if dropped:
+        warn.append(f"runs not finished (fraction < 0.999) left out of the final-loss fit: {dropped}")
+    reason = fl.applicable(law, final)
+    if reason:
+        raise FitError(f"the {law} law cannot be fitted to this ladder: {reason}")
+    model = fl.fit_final(law, final)
+    pts = fl.points_of(final)
+    top = len(final) - 1  # final_points sorts by compute
+    reps, kind = fl.replicates(law, final, model, n_bootstrap, seed)
+    params = {k: percentile_interval(np.array([r.params[k] for r in reps]), v) for k, v in model.params.items()}
+    top_preds = [float(r.predict({k: v[top:top + 1] for k, v in pts.items()})[0]) for r in reps]
+    _warn_boot(len(reps), n_bootstrap, warn)
+    if kind.startswith("parametric"):
+        warn.append(f"intervals from a {kind}")
+    if fl.tokens_per_param_spread(final) < 0.05:
+        warn.append("tokens per parameter do not vary across the runs: the data exponent is not identified separately "
+                    "from the size exponent (the over-training form ties them)")
+    pred = model.predict(pts)
+    return LadderFit(
+        law=law, formula=model.formula, params=params, residuals=_residuals(final, pred), n_runs=len(final),
+        n_points=len(final), n_bootstrap=len(reps), **_final_fields(str(final["run"].iloc[top]), float(pred[top]), top_preds),
+        warnings=warn,
+    )
 
 
 def _final_fields(run: str, value: float, boot: list[float]) -> dict:
@@ -599,7 +635,7 @@ def refit_forecast(
     steps = _curve_steps(T, np.arange(1, 21) * 0.05)
     steps = np.unique(np.r_[steps, st])
     live_pred = model.predict(steps)
-    live_sig = {"posterior": model.log_sigma(steps), "eval_noise": np.full(len(steps), live_rms)}
+    live_sig = {"posterior": model.log_sigma(steps), "eval_noise": np.full(len(steps), max(live_rms, EVAL_NOISE_FLOOR))}
     backtests = list(prior.backtest)
     try:
         pb = bt.backtest_prefix(table)
@@ -609,13 +645,18 @@ def refit_forecast(
         warn.append(f"no prefix backtest possible ({e}); the live curve's band beyond the prefix is too narrow")
     sig_live = np.sqrt(sum(np.square(v) for v in live_sig.values()))
     p_loss, p_lo, p_hi = (np.array([prior.band_at(s)[k] for s in steps]) for k in range(3))
-    sig_prior = np.maximum((p_hi - p_lo) / (2 * Z95) / p_loss, 1e-12)
-    # Gaussian product of the two forecasts at each step (inverse-variance weights)
-    w_live, w_prior = 1 / np.maximum(sig_live, 1e-12) ** 2, 1 / sig_prior**2
-    pred = (w_live * live_pred + w_prior * p_loss) / (w_live + w_prior)
-    sig = {"combined": 1 / np.sqrt(w_live + w_prior)}
+    sig_prior = (p_hi - p_lo) / (2 * Z95) / p_loss
+    if np.any(sig_prior < fl.NOISE_FLOOR):
+        warn.append(f"the ladder forecast's band is narrower than an eval's own noise ({fl.NOISE_FLOOR:.1%}) at some steps; "
+                    "the refit reads it as that wide")
+        sig_prior = np.maximum(sig_prior, fl.NOISE_FLOOR)
+    # Gaussian product of the two forecasts at each step, written with variances (no reciprocal of a tiny sigma)
+    var_live, var_prior = np.square(sig_live), np.square(sig_prior)
+    w_live = var_prior / (var_live + var_prior)
+    pred = w_live * live_pred + (1 - w_live) * p_loss
+    sig = {"combined": np.sqrt(var_live * var_prior / (var_live + var_prior))}
     lo, hi, total = _band(pred, sig)
-    weight_live_final = float(w_live[-1] / (w_live[-1] + w_prior[-1]))
+    weight_live_final = float(w_live[-1])
     with _warnings.catch_warnings():
         _warnings.simplefilter("ignore")
         params = {

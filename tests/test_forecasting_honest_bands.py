@@ -1,0 +1,127 @@
+"""Honest forecasts on ladders that are small, degenerate or aimed outside their own range (issue: trust in the forecast).
+
+Each test is a case a new user hit: a band of zero width from three runs, alpha = beta with zero-width
+intervals on a ladder at one tokens-per-parameter ratio, matched progress extrapolating to an
+over-trained target, a refit whose live weight was 1e-22, and `watch` printing an infinite sigma.
+"""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecasting.api import TargetSpec, fit_ladder, forecast_target, refit_forecast
+from forecasting.fitting import FitError
+from forecasting.forecast import CurvePoint, Forecast
+
+
+def _law(n, d):
+    return 1.8 + 400.0 / np.asarray(n) ** 0.34 + 400.0 / np.asarray(d) ** 0.28
+
+
+def _final_table(sizes, tokens_per_param, noise=0.003, seed=0):
+    rng = np.random.default_rng(seed)
+    n = np.asarray(sizes, dtype=float)
+    d = n * tokens_per_param
+    loss = _law(n, d) * np.exp(rng.normal(0, noise, len(n)))
+    return pd.DataFrame({"run": [f"r{i}" for i in range(len(n))], "step": 100, "loss": loss, "params_active": n,
+                         "tokens": d, "flops": 6 * n * d, "fraction": 1.0})
+
+
+def _curves(sizes, tokens_per_param, evals, steps=400, noise=0.002, seed=0):
+    """Rungs with whole curves: the law at the tokens seen plus a schedule offset that vanishes at the end."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, n in enumerate(sizes):
+        d_full = n * tokens_per_param
+        for s in np.unique(np.linspace(steps / evals, steps, evals).round().astype(int)):
+            g = s / steps
+            loss = _law(n, g * d_full) * (1 + 0.03 * (1 - g)) * math.exp(rng.normal(0, noise))
+            rows.append({"run": f"r{i}", "step": int(s), "loss": loss, "params_active": float(n), "tokens": g * d_full,
+                         "flops": 6 * n * g * d_full, "fraction": g, "num_steps": steps, "tokens_per_step": d_full / steps})
+    return pd.DataFrame(rows)
+
+
+def test_three_runs_give_a_band_that_is_not_degenerate_and_says_why():
+    table = _final_table([6e3, 1.4e4, 2.5e4], 8.0)
+    target = TargetSpec(name="hero", params_active=5.5e4, tokens=8 * 5.5e4)
+    f = forecast_target(table, target, n_bootstrap=60)
+    half = (f.final_loss_hi - f.final_loss_lo) / 2 / f.final_loss
+    assert half > 0.01, f"a band of +-{half:.2%} from three runs is not honest"
+    assert f.final_loss_lo < f.final_loss < f.final_loss_hi
+    text = " ".join(f.warnings)
+    assert "parametric bootstrap" in text or "no backtest" in text
+
+
+def test_readme_shaped_ladder_with_one_to_three_evals_per_rung_covers_the_hero():
+    rows = []
+    for i, (n, k) in enumerate(zip([6e3, 1.4e4, 2.5e4], [1, 2, 3], strict=True)):
+        part = _curves([n], 8.0, evals=k, seed=i)
+        rows.append(part.assign(run=f"r{i}"))
+    table = pd.concat(rows, ignore_index=True)
+    n_h = 5.5e4
+    target = TargetSpec(name="hero", params_active=n_h, tokens=8 * n_h, num_steps=400, tokens_per_step=8 * n_h / 400)
+    f = forecast_target(table, target, n_bootstrap=60)
+    actual = float(_law(n_h, 8 * n_h))
+    assert f.final_loss_lo <= actual <= f.final_loss_hi
+    assert (f.final_loss_hi - f.final_loss_lo) / f.final_loss > 0.01
+    assert all(np.isfinite([p.lo, p.hi, p.loss]).all() for p in f.curve)
+
+
+def test_one_tokens_per_param_ratio_refuses_chinchilla_and_ties_the_exponents():
+    table = _final_table(np.geomspace(1e7, 4e8, 8), 20.0)
+    target = TargetSpec(name="t", params_active=1e9, tokens=2e10)
+    with pytest.raises(FitError, match="tokens per parameter do not vary"):
+        forecast_target(table, target, method="chinchilla")
+    with pytest.raises(FitError, match="tokens per parameter do not vary"):
+        fit_ladder(table, law="chinchilla", n_bootstrap=5)
+    fit = fit_ladder(table, n_bootstrap=20)
+    assert fit.law == "overtrain" and "eta" in fit.params
+    assert any("not identified" in w for w in fit.warnings)
+    f = forecast_target(table, target, n_bootstrap=20)
+    assert f.method != "chinchilla"
+    refused = {c["method"]: c["reason"] for c in f.selection if c.get("applicable") is False}
+    assert "tokens per parameter" in refused["chinchilla"]
+
+
+def test_matched_progress_is_refused_for_an_over_trained_target_and_another_law_is_used():
+    table = pd.concat([_curves([n], 20.0, evals=10, seed=i).assign(run=f"r{i}")
+                       for i, n in enumerate(np.geomspace(1e7, 3e8, 7))], ignore_index=True)
+    n_t = 1e9
+    target = TargetSpec(name="t", params_active=n_t, tokens=300 * n_t, num_steps=400, tokens_per_step=300 * n_t / 400)
+    with pytest.raises(FitError, match="tokens per parameter"):
+        forecast_target(table, target, method="matched_progress", n_bootstrap=5)
+    f = forecast_target(table, target, n_bootstrap=20)
+    assert f.method != "matched_progress"
+    mp = next(c for c in f.selection if c["method"] == "matched_progress")
+    assert mp["applicable"] is False and "outside the rungs'" in mp["reason"]
+    # one tokens-per-parameter ratio cannot pin the data exponent: the forecast must say so and its band must cover
+    actual = float(_law(n_t, 300 * n_t))
+    assert f.final_loss_lo <= actual <= f.final_loss_hi
+    assert any("D/N direction is not identified" in w for w in f.warnings)
+
+
+def test_refit_against_a_zero_width_prior_keeps_finite_weights_and_moves():
+    table = _curves([1e7, 3e7, 1e8, 3e8], 20.0, evals=10)
+    n_t = 1e9
+    target = TargetSpec(name="t", params_active=n_t, tokens=20 * n_t, num_steps=400, tokens_per_step=20 * n_t / 400)
+    point = 2.0
+    prior = Forecast(target=target, method="compute", inputs_fingerprint="x", final_loss=point, final_loss_lo=point,
+                     final_loss_hi=point, law="L", curve=[CurvePoint(step=s, loss=point, lo=point, hi=point) for s in (1, 400)])
+    steps = np.arange(20, 161, 20)
+    live = pd.DataFrame({"run": "t", "step": steps, "loss": 2.6 * (steps / 20.0) ** -0.05, "params_active": n_t})
+    f = refit_forecast(table, target, live, prior=prior, n_bootstrap=5)
+    w = f.band_terms["live_weight_final"]
+    assert 0.0 < w < 1.0 and w > 1e-6
+    assert math.isfinite(f.final_loss_lo) and math.isfinite(f.final_loss_hi) and f.final_loss_hi > f.final_loss_lo
+    assert any("narrower than an eval's own noise" in x for x in f.warnings)
+
+
+def test_watch_never_prints_a_sigma_that_is_not_finite():
+    from ladder.watch import _sigma_text
+
+    assert _sigma_text(math.inf, (2.0, 2.0, 2.0)) == "band has zero width (no sigma)"
+    assert _sigma_text(-9.8e10, (2.0, 2.0 - 1e-12, 2.0 + 1e-12)) == "band has zero width (no sigma)"
+    assert _sigma_text(-2.5e4, (2.0, 1.99999, 2.00001)) == "->1000 sigma"
+    assert _sigma_text(1.234, (2.0, 1.9, 2.1)) == "+1.23 sigma"
