@@ -1,0 +1,69 @@
+"""The public backtest suite: every forecasting method on every public data set the package ships, one table.
+
+Data sets, splits, scoring and caps: forecasting/suite.py's docstrings. Methods: forecasting.api.METHODS, read
+at run time, plus auto (and live_only on refit splits). A method that cannot fit a split is reported n/a with
+its reason; the suite never stops for it.
+
+Run:  .venv/bin/python bench/bench_forecast_suite.py [--quick] [--methods a,b] [--datasets x,y]
+          [--n-bootstrap 20] [--timeout 120] [--budget 600] [--json PATH] [--markdown PATH] [--points CSV]
+Without --quick the report is written to bench/RESULTS_forecast_suite.md unless --markdown says otherwise.
+Same as `ladder backtest --suite`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from forecasting import suite
+
+RESULTS = Path(__file__).parent / "RESULTS_forecast_suite.md"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small subset (one split per data set, few targets)")
+    ap.add_argument("--methods", default=None, help="comma-separated methods (default: forecasting.api.METHODS + auto)")
+    ap.add_argument("--datasets", default=None, help=f"comma-separated data sets (default: all of {','.join(suite.DATASETS)})")
+    ap.add_argument("--n-bootstrap", type=int, default=20, help="bootstrap refits per forecast (default 20)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per forecast call before it counts as a timeout")
+    ap.add_argument("--budget", type=float, default=600.0, help="seconds one method may spend on one data set (rest skipped)")
+    ap.add_argument("--points", default=None, help="write every scored point (CSV) here")
+    ap.add_argument("--json", default=None, help="write the full result (per split and per configuration) here")
+    ap.add_argument("--markdown", default=None, help="write the report here (default without --quick: bench/RESULTS_forecast_suite.md)")
+    ap.add_argument("--quiet", action="store_true", help="no per-target progress lines on stderr")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        datasets = args.datasets.split(",") if args.datasets else list(suite.DATASETS)
+        methods = args.methods.split(",") if args.methods else None
+        suite.suite_methods(methods)
+        splits = suite.all_splits(datasets, quick=args.quick)
+    except ValueError as e:
+        print(f"bench_forecast_suite: {e}", file=sys.stderr)
+        return 2
+    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    res = suite.run_suite(splits, methods, n_bootstrap=args.n_bootstrap, timeout_s=args.timeout, budget_s=args.budget,
+                          progress=progress,
+                          quick=args.quick)
+    command = "python bench/bench_forecast_suite.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    text = suite.render_markdown(res, command.strip())
+    print(text)
+    md = args.markdown or (None if args.quick else str(RESULTS))
+    if md:
+        Path(md).write_text("# Public backtest suite\n\n" + text)
+    if args.points:
+        res.points.to_csv(args.points, index=False)
+    if args.json:
+        Path(args.json).write_text(json.dumps(suite.to_json(res), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
