@@ -678,16 +678,31 @@ def forecast(
 
 @app.command()
 def backtest(
-    source: str = typer.Argument(..., help="Experiment file/module, or a CSV/parquet table of runs."),
+    source: Optional[str] = typer.Argument(None, help="Experiment file/module, or a CSV/parquet table of runs (not with --suite)."),
     root: Optional[str] = RootOption,
     method: str = typer.Option("auto", help="auto, matched_progress, chinchilla or compute."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    suite: bool = typer.Option(False, "--suite", help="The public backtest suite: every method on every shipped public data set, one table."),
+    quick: bool = typer.Option(False, "--quick", help="With --suite: a small subset (one split per data set, few targets)."),
+    datasets: Optional[str] = typer.Option(None, "--datasets", help="With --suite: comma-separated data sets (default all)."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="With --suite: comma-separated methods (default every method + auto)."),
+    n_bootstrap: int = typer.Option(20, "--n-bootstrap", help="With --suite: bootstrap refits per forecast."),
+    timeout: float = typer.Option(120.0, "--timeout", help="With --suite: seconds per forecast call before it counts as a timeout."),
+    markdown: Optional[str] = typer.Option(None, "--markdown", help="With --suite: also write the report to this file."),
 ) -> None:
-    """How wrong a method is on this ladder: fit the smaller runs (or a curve's prefix), predict the rest."""
+    """How wrong a method is on this ladder: fit the smaller runs (or a curve's prefix), predict the rest.
+
+    With --suite: the public backtest suite (forecasting/suite.py), the same as bench/bench_forecast_suite.py.
+    """
     from forecasting import api
 
+    if suite:
+        _backtest_suite(quick, datasets, methods, n_bootstrap, timeout, markdown, as_json)
+        return
+    if source is None:
+        _fail("give an experiment or a table of runs to backtest, or --suite for the public backtest suite.")
     try:
-        table = api.load_table(source) if _is_table(source) else _experiment_table(_load(source), _store(root), None)
+        table = _load_table(source) if _is_table(source) else _experiment_table(_load(source), _store(root), None)
         report = api.backtest(table, method=method)
     except typer.Exit:
         raise
@@ -704,6 +719,29 @@ def backtest(
     console.print(table_view)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+def _backtest_suite(quick: bool, datasets: str | None, methods: str | None, n_bootstrap: int, timeout: float,
+                    markdown: str | None, as_json: bool) -> None:
+    from forecasting import suite as public_suite
+
+    try:
+        names = datasets.split(",") if datasets else list(public_suite.DATASETS)
+        chosen = methods.split(",") if methods else None
+        public_suite.suite_methods(chosen)
+        splits = public_suite.all_splits(names, quick=quick)
+    except ValueError as error:
+        _fail(f"--datasets/--methods: {error}")
+    res = public_suite.run_suite(splits, chosen, n_bootstrap=n_bootstrap, timeout_s=timeout, quick=quick,
+                                 progress=None if as_json else (lambda line: err_console.print(line, markup=False, highlight=False)))
+    text = public_suite.render_markdown(res, "ladder backtest --suite" + (" --quick" if quick else ""))
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write("# Public backtest suite\n\n" + text)
+    if as_json:
+        print(json.dumps(public_suite.to_json(res), indent=1, default=str))
+    else:
+        print(text)
 
 
 @app.command()
