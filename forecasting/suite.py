@@ -877,7 +877,8 @@ def render_markdown(res: SuiteResult, command: str = "") -> str:
         "score (a final-only method on curve points, or a column that does not apply). The last row averages the data",
         f"sets each method ran on (each data set counts once; n = how many). Methods: {', '.join(res.methods)}.",
         f"Settings: n_bootstrap = {res.n_bootstrap}, at most {MAX_TARGETS} targets per split, at most {MAX_CURVE_POINTS} "
-        f"scored points per curve target, {res.timeout_s:g} s per call, {res.budget_s} s per method and data set"
+        f"scored points per curve target, {'no' if res.timeout_s is None else f'{res.timeout_s:g} s'} limit per call, "
+        f"{'no budget' if res.budget_s is None else f'{res.budget_s:g} s budget'} per method and data set"
         f"{', quick subset' if res.quick else ''}; {len(res.splits)} splits, {n_targets} "
         f"held-out targets; wall time {res.wall_s:.0f} s.",
     ]

@@ -1,0 +1,161 @@
+"""The public backtest suite (forecasting/suite.py): loaders, leak-free splits, exact scoring, an end-to-end quick run.
+
+Method quality is not asserted here (that is what the suite measures); only the harness's own numbers are.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecasting import api, suite
+from forecasting.forecast import CurvePoint, Forecast, TargetSpec
+from forecasting.table import validate_table
+
+
+@pytest.mark.parametrize(
+    ("loader", "rows", "runs"),
+    [
+        (suite.load_chinchilla, 240, 240),
+        (suite.load_steplaw_dense, 1911, 1911),
+        (suite.load_steplaw_moe, 708, 708),
+        (suite.load_multipower, None, 27),
+        (suite.load_porian, 1745, 1745),
+        (suite.load_datablations, 9261, 48),
+        (suite.load_opt, 142, 6),
+        (suite.load_olmo, None, 3),
+        (suite.load_k2, 9985, 1),
+    ],
+)
+def test_loaders_give_valid_tables_of_the_documented_size(loader, rows, runs):
+    t = loader()
+    assert len(validate_table(t)) == len(t)
+    assert {"run", "step", "loss", "tokens", "flops", "params_active"} <= set(t.columns)
+    if rows is not None:
+        assert len(t) == rows
+    assert t["run"].nunique() == runs
+
+
+def test_unit_conversions_follow_the_docstrings():
+    opt = suite.load_opt()
+    first = opt[(opt["run"] == "opt-125m") & (opt["step"] == 2000)].iloc[0]
+    assert first["loss"] == pytest.approx(np.log(67.52265444265277))
+    assert first["tokens"] == pytest.approx(1e9) and first["flops"] == pytest.approx(6 * 125e6 * 1e9, rel=1e-6)
+    por = suite.load_porian()
+    assert por["config"].nunique() == 15
+    assert np.allclose(por["flops"], 6 * por["params_active"] * por["tokens"], rtol=1e-9)
+    moe = suite.load_steplaw_moe()
+    assert np.allclose(moe["flops"], moe["flops_per_token"] * moe["tokens"])
+    assert len(suite.steplaw_best(moe, ["params_total", "params_active", "tokens", "topk", "experts"])) == 16
+    assert len(suite.steplaw_best(suite.load_steplaw_dense(), ["params_active", "tokens"])) == 17
+    db = suite.load_datablations()
+    assert np.allclose(db["tokens"], db["step"] * suite.DATABLATIONS_TOKENS_PER_STEP)
+    assert set(db["epochs"]) == {1, 2, 3, 4, 5, 7, 14, 44} and (db["unique_tokens"] * db["epochs"] > 0.99 * db.groupby("run")["tokens"].transform("max")).all()
+    olmo = suite.load_olmo()
+    assert olmo.groupby("run")["loss"].last().between(2.0, 3.0).all()  # C4 cross-entropy in nats at the end
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return suite.all_splits()
+
+
+def test_every_data_set_has_splits_and_caps_hold(splits):
+    assert {s.dataset for s in splits} == set(suite.DATASETS)
+    assert sum(s.dataset == "porian" for s in splits) == 15
+    for s in splits:
+        assert 1 <= len(s.targets) <= suite.MAX_TARGETS
+        for h in s.targets:
+            assert 1 <= len(h.points) <= suite.MAX_CURVE_POINTS
+            assert h.points["step"].is_monotonic_increasing
+
+
+def test_splits_never_leak_held_out_runs_into_the_train_table(splits):
+    for s in splits:
+        held = {h.run for h in s.targets}
+        if s.train is not None:
+            assert not held & set(s.train["run"]), (s.dataset, s.name)
+        for h in s.targets:
+            if h.live is not None:  # refit: the live prefix ends before the first scored point
+                assert h.live["step"].max() < h.points["step"].min()
+                assert s.train is None or h.run not in set(s.train["run"])
+        if s.dataset in ("chinchilla", "steplaw_dense", "steplaw_moe", "hh_opt", "hh_datablations"):
+            assert s.train["params_active"].max() < min(h.target.params_active for h in s.targets), s.name
+        if s.dataset == "porian":
+            assert s.train["flops"].max() < min(h.target.total_flops for h in s.targets)
+
+
+def test_multipower_targets_carry_their_own_schedule(splits):
+    s = next(s for s in splits if s.dataset == "multipower" and s.group == "csv_25")
+    assert {h.run.split("/")[1] for h in s.targets} == {"constant_72000", "cosine_72000", "wsd_20000_24000",
+                                                        "wsdld_20000_24000", "wsdcon_3", "wsdcon_18"}
+    assert set(s.train["run"]) == {f"25M/{n}" for n in suite.MPL_TRAIN}
+    wsd = next(h for h in s.targets if h.run == "25M/wsd_20000_24000")
+    assert len(wsd.target.lr) == wsd.target.num_steps == 24000
+    assert wsd.target.lr[15000] == pytest.approx(3e-4) and wsd.target.lr[-1] < 4e-5
+
+
+def _hand_made(curve: list[tuple[int, float, float, float]], target: TargetSpec) -> Forecast:
+    pts = [CurvePoint(step=s, loss=p, lo=lo, hi=hi) for s, p, lo, hi in curve]
+    return Forecast(target=target, method="hand", inputs_fingerprint="x", curve=pts, final_loss=curve[-1][1],
+                    final_loss_lo=curve[-1][2], final_loss_hi=curve[-1][3], law="hand")
+
+
+def test_scoring_gives_exact_error_coverage_and_width():
+    target = TargetSpec(name="t", params_active=1e8, tokens=1e10, num_steps=100)
+    f = _hand_made([(10, 2.0, 1.8, 2.2), (100, 1.0, 0.7, 1.1)], target)
+    h = suite.HeldOut(run="t", target=target, points=pd.DataFrame({"step": [10, 100], "loss": [2.1, 1.2]}))
+    sc = suite.score_forecast(f, h)
+    assert sc["rel_error"].tolist() == pytest.approx([2.0 / 2.1 - 1, 1.0 / 1.2 - 1])
+    assert sc["covered"].tolist() == [True, False]
+    assert sc["half_width"].tolist() == pytest.approx([0.1, 0.2])
+    assert sc["final"].tolist() == [False, True]
+    m = suite.metrics(sc.assign(curve_target=True))
+    assert m["mae"] == pytest.approx(100 * (abs(2.0 / 2.1 - 1) + abs(1.0 / 1.2 - 1)) / 2)
+    assert m["bias"] == pytest.approx(100 * ((2.0 / 2.1 - 1) + (1.0 / 1.2 - 1)) / 2)
+    assert m["coverage"] == 50.0 and m["half_width"] == pytest.approx(15.0) and m["n"] == 2
+    # a final-only forecast speaks only to the target's planned end
+    only_final = _hand_made([(100, 1.1, 1.0, 1.25)], target)
+    sc = suite.score_forecast(only_final, h)
+    assert sc["step"].tolist() == [100] and bool(sc["covered"].iloc[0])
+    assert sc["half_width"].iloc[0] == pytest.approx(0.125 / 1.1)
+
+
+def test_a_method_that_fails_is_reported_never_fatal(monkeypatch):
+    split = suite.splits_opt()[0]
+    res = suite.run_suite([split], ["chinchilla"], n_bootstrap=2)
+    assert set(res.statuses["status"]) == {"n/a"} and res.points.empty
+    assert "6 finished runs" in res.statuses["reason"].iloc[0] or res.statuses["reason"].iloc[0]
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("a bug in a method")
+
+    monkeypatch.setattr(api, "forecast_target", broken)
+    res = suite.run_suite([split], ["compute"], n_bootstrap=2)
+    assert set(res.statuses["status"]) == {"error"}
+    assert res.statuses["reason"].iloc[0] == "ZeroDivisionError: a bug in a method"
+
+    def slow(*a, **k):
+        time.sleep(5)
+
+    monkeypatch.setattr(api, "forecast_target", slow)
+    res = suite.run_suite([split], ["compute"], n_bootstrap=2, timeout_s=0.2)
+    assert res.statuses["status"].tolist() == ["timeout", "timeout"]  # the second target is skipped, not run
+    assert res.statuses["seconds"].iloc[1] == 0.0
+
+
+def test_quick_suite_runs_end_to_end_with_a_row_per_data_set():
+    res = suite.run_suite(suite.all_splits(quick=True), ["compute"], n_bootstrap=5, timeout_s=60)
+    rows = suite.summarise(res)
+    assert {r["dataset"] for r in rows if r["method"] == "compute"} == set(suite.DATASETS)
+    assert {r["dataset"] for r in rows if r["method"] == suite.LIVE_ONLY} == {"hh_olmo", "hh_k2"}
+    opt = next(r for r in rows if r["dataset"] == "hh_opt" and r["method"] == "compute")
+    assert opt["status"] == "ok" and opt["final"]["n"] == 2 and opt["picked"] == {"compute": 2}
+    text = suite.render_markdown(res)
+    table = text.split("### Final points")[1].split("###")[0]
+    assert "| hh_opt |" in table and "mean over data sets" in table
+    doc = suite.to_json(res)
+    assert {r["dataset"] for r in doc["datasets"]} == set(suite.DATASETS) and doc["by_group"]
