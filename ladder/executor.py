@@ -95,6 +95,24 @@ def plan(dag: DAG, store: Store, *, now: float | None = None) -> list[PlanRow]:
 
 
 def _classify(status: dict[str, Any] | None, now: float, ttl: float) -> tuple[str, str]:
+    state, detail = _classify_state(status, now, ttl)
+    note = _status_note(status or {})
+    return state, (f"{note}; {detail}" if detail else note) if note else detail
+
+
+def _status_note(status: dict[str, Any]) -> str:
+    """Says so when status.json was unreadable (Store.read_status rebuilds it; a submit writes the rebuilt one)."""
+    unreadable, rebuilt = status.get("unreadable"), status.get("rebuilt")
+    if unreadable:
+        sources = " / ".join(unreadable.get("rebuilt_from") or []) or "nothing (no result, metrics or checkpoints)"
+        return f"status unreadable ({unreadable.get('path')}): rebuilt from {sources}; the next submit moves it aside"
+    if rebuilt:
+        sources = " / ".join(rebuilt.get("rebuilt_from") or []) or "nothing"
+        return f"status was unreadable: moved aside to {rebuilt.get('moved_aside')}, rebuilt from {sources}"
+    return ""
+
+
+def _classify_state(status: dict[str, Any] | None, now: float, ttl: float) -> tuple[str, str]:
     if not status:
         return "pending", ""
     state = status.get("state", "pending")
@@ -155,6 +173,8 @@ class StepTask:
     forecast_planned: bool = False
     forecast_ladder_run_dirs: tuple[str, ...] = ()
     forecast_refit_every: int | None = None
+    # W&B's own environment variables for this attempt (group, job type, tags, folder): see wandb_context()
+    wandb_env: dict[str, str] = field(default_factory=dict)
 
 
 def execute_step(task: StepTask) -> dict[str, Any]:
@@ -179,7 +199,8 @@ def execute_step(task: StepTask) -> dict[str, Any]:
             report_progress=lambda progress: setattr(heartbeat, "progress", progress),
         )
         try:
-            result, completed = _run_step_body(step, context, task, store)
+            with wandb_environment(task.wandb_env):
+                result, completed = _run_step_body(step, context, task, store)
         except BaseException as error:  # noqa: BLE001 - every failure must reach status.json
             message = _record_failure(store, run_dir, error)
             store.finish(run_dir, task.owner, "failed", error=message)
@@ -219,6 +240,50 @@ def _final_progress(result: Any) -> dict[str, Any] | None:
     if result.get("final_eval_loss") is not None:
         progress["eval/loss"] = result["final_eval_loss"]
     return {"progress": progress}
+
+
+def wandb_context(dag: DAG, store: Store, name: str, experiment: str | None) -> dict[str, str]:
+    """W&B labels of step `name`, as W&B's environment variables: group = the experiment, job type = its role
+    (rung: read by a fit; fit; hero: a fit's target; train: any other), tags = the spec's tags ("key:value"),
+    and, for a local store, WANDB_DIR = its root, so every offline run lands in {root}/wandb/offline-run-*.
+    A variable the user already set wins (tags are merged)."""
+    from trainer.metrics import wandb_tags
+
+    step = dag[name]
+    fits = [s for s in dag if isinstance(s, FitStep)]
+    if isinstance(step, FitStep):
+        role = "fit"
+    elif any(f.target == name for f in fits):
+        role = "hero"
+    elif any(name in f.deps for f in fits):
+        role = "rung"
+    else:
+        role = "train" if isinstance(step, TrainStep) else "function"
+    env = {"WANDB_JOB_TYPE": role}
+    if experiment:
+        env["WANDB_RUN_GROUP"] = experiment
+    tags = wandb_tags(os.environ.get("WANDB_TAGS"))
+    tags += [t for t in wandb_tags(step.spec.tags if isinstance(step, TrainStep) else None) if t not in tags]
+    if tags:
+        env["WANDB_TAGS"] = ",".join(tags)
+    if store.is_local:
+        env["WANDB_DIR"] = store.root
+    return {k: v for k, v in env.items() if k == "WANDB_TAGS" or not os.environ.get(k)}
+
+
+@contextlib.contextmanager
+def wandb_environment(env: dict[str, str]):
+    """`env` in os.environ while a step runs in this worker; afterwards the worker's environment is as it was."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _write_spec(store: Store, run_dir: str, task: StepTask) -> None:
@@ -425,12 +490,23 @@ def run(
     log: Callable[[str], None] = print,
     poll_seconds: float = 0.5,
     wait_for_others: bool = True,
+    experiment: str | None = None,
+    progress: Any = None,
 ) -> RunReport:
-    """Run `targets` (default: every step) and what they wait for. Returns the final state of each."""
+    """Run `targets` (default: every step) and what they wait for. Returns the final state of each.
+
+    `experiment` names the W&B group of every run (see `wandb_context`); `progress`, a
+    `ladder.progress.SubmitProgress`, follows each training step's metrics while it runs."""
     import ray
 
     wanted = dag.upstream(targets) if targets else list(dag.order)
     rows = {row.name: row for row in plan(dag, store)}
+    unreadable = [n for n in wanted if (rows[n].status or {}).get("unreadable")]
+    for name in unreadable:  # write the rebuilt status, the corrupt file moved aside (Store.update_status)
+        store.update_status(store.run_dir(name, dag.fingerprints[name]), lambda status: None)
+        log(f"[repair] {name}: {rows[name].detail.split('; the next submit')[0]}")
+    if unreadable:
+        rows = {row.name: row for row in plan(dag, store)}
     report = RunReport()
     state: dict[str, str] = {}
     for name in wanted:
@@ -467,6 +543,7 @@ def run(
             target=dag[step.target] if isinstance(step, FitStep) else None,
             target_fingerprint=dag.fingerprints[step.target] if isinstance(step, FitStep) else None,
             **(_overlay_fields(dag, store, name) if isinstance(step, TrainStep) else {}),
+            wandb_env=wandb_context(dag, store, name, experiment),
         )
         options: dict[str, Any] = {"max_retries": 0, "name": f"ladder:{name}"}
         if isinstance(step, TrainStep) and uses_gang(step.spec.resources):
@@ -478,6 +555,8 @@ def run(
         state[name] = "running"
         report.launched.append(name)
         log(f"[start] {name} -> {rows[name].path}")
+        if progress is not None and isinstance(step, TrainStep):
+            progress.start(name, store.run_dir(name, dag.fingerprints[name]), step.derived.num_steps, step.derived.tokens_per_step)
 
     try:
         while True:
@@ -493,7 +572,11 @@ def run(
                 time.sleep(poll_seconds)
             for ref in done_refs:
                 name, owner = inflight.pop(ref)
+                if progress is not None:
+                    progress.finish(name)
                 _collect(ref, name, owner, dag, store, state, report, waiting, log)
+            if progress is not None:
+                progress.poll()
             for name in list(waiting):
                 _poll_waiting(name, dag, store, state, waiting, log, wait_for_others)
             _propagate_blocked(dag, wanted, state)
@@ -501,6 +584,9 @@ def run(
         report.interrupted = True
         log("[ctrl-c] asking running steps to stop and checkpoint (press Ctrl-C again to stop at once)")
         _stop_inflight(inflight, dag, store, state, log)
+    finally:
+        if progress is not None:
+            progress.close()
     report.states = {n: state[n] for n in wanted}
     return report
 
