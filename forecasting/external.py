@@ -111,6 +111,8 @@ def read_export(path: str, *, text: str | None = None) -> pd.DataFrame:
             f"{path}: unknown format {suffix or '(no suffix)'!r}; give a .csv, .tsv, .parquet or .jsonl file, "
             "or a W&B offline run directory."
         )
+    what = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "JSON-lines", ".ndjson": "JSON-lines",
+            ".json": "JSON-lines"}.get(suffix, "CSV")
     try:
         if text is not None:
             return _parse_text(text, suffix, path)
@@ -124,10 +126,8 @@ def read_export(path: str, *, text: str | None = None) -> pd.DataFrame:
     except FileNotFoundError:
         raise ExternalFormatError(f"{path}: no such file; check the path (a local path or an fsspec URL).") from None
     except UnicodeDecodeError:
-        raise ExternalFormatError(f"{path} is not a {suffix[1:]} text file (it holds binary data); check the file or its suffix.") from None
+        raise ExternalFormatError(f"{path} is not a {what} text file (it holds binary data); check the file or its suffix.") from None
     except Exception as error:  # noqa: BLE001 - pandas/pyarrow raise many kinds; each becomes one sentence
-        what = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "JSON-lines", ".ndjson": "JSON-lines",
-                ".json": "JSON-lines"}.get(suffix, "CSV")
         raise ExternalFormatError(f"{path} is not a readable {what} file ({type(error).__name__}: {str(error)[:160]}); "
                                   "check the file or its suffix.") from None
 
@@ -290,7 +290,7 @@ def _to_numbers(df: pd.DataFrame, column: str, source: str) -> pd.Series:
     """A column as floats; empty cells are NaN (sparse), text that is not a number is an error naming it."""
     values = df[column]
     numbers = pd.to_numeric(values, errors="coerce")
-    if values.dtype == object:
+    if not pd.api.types.is_numeric_dtype(values):
         text = values.astype(str).str.strip().str.lower()
         blank = values.isna() | text.isin(["", "nan", "none", "null", "inf", "-inf", "infinity", "-infinity"])
         bad = numbers.isna() & ~blank
@@ -426,8 +426,10 @@ def tidy_table(df: pd.DataFrame, default_run: str) -> pd.DataFrame:
         filled = []
         for _, group in aligned.assign(_v=values).groupby("run", sort=False):
             series = group.set_index("step")["_v"]
-            if column in ("tokens", "flops", "lr", "fraction"):
+            if column in ("tokens", "flops", "fraction"):  # cumulative: never extrapolated
                 series = series.interpolate(method="index", limit_area="inside")
+            elif column == "lr":  # logged every few steps; the nearest logged value stands in at the edges
+                series = series.interpolate(method="index", limit_area="inside").ffill().bfill()
             else:  # a per-run constant
                 series = series.ffill().bfill()
             filled.append(pd.Series(series.to_numpy(), index=group.index))

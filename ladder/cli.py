@@ -480,6 +480,12 @@ def _is_table(source: str) -> bool:
 
 
 def _forecasting_error(error: Exception) -> None:
+    from forecasting.table import COLUMNS
+
+    column = error.args[0] if isinstance(error, KeyError) and error.args else None
+    if column in COLUMNS:  # a law reached for a column the table does not have (a table exported from another trainer)
+        _fail(f"the table has no {column!r} column, which this law needs; add it, or register each run with "
+              "`ladder import EXP STEP SOURCE`, whose step spec supplies params, tokens and FLOPs.")
     _fail(f"{type(error).__name__}: {error}", EXIT_FAILED if not isinstance(error, (ValueError, KeyError)) else EXIT_BAD_INPUT)
 
 

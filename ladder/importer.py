@@ -549,7 +549,7 @@ def finished_state(step: TrainStep, last_step: int, reader: SourceReader | None)
     wandb = reader.wandb if reader is not None else None
     if wandb is not None and wandb.finished and wandb.exit_code:
         return "failed", f"the W&B run exited with code {wandb.exit_code} at step {last_step:,} of {num_steps:,}"
-    return "interrupted", f"stops at step {last_step:,} of {num_steps:,} (pass --state done if it finished, failed if it crashed)"
+    return "interrupted", f"stops at step {last_step:,} of {num_steps:,}; pass --state done if it finished, failed if it crashed"
 
 
 def _uses_lm_head(step: TrainStep) -> bool:
