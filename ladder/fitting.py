@@ -89,7 +89,7 @@ def table_from_steps(
         )
     if len(dirs) < 2:
         raise FitInputError(f"a scaling fit needs at least 2 finished runs; found {len(dirs)}.")
-    return from_run_dirs(dirs)
+    return from_run_dirs(dirs, notes=warnings)
 
 
 def store_forecast(store: Store, forecast, *, meta: dict[str, Any]) -> int:
@@ -174,4 +174,34 @@ def run_fit_step(step: FitStep, context, task, store: Store) -> dict[str, Any]:
     )
     with store.fs.open(f"{store.run_dir(step.name, task.fingerprint)}/forecast.json", "w") as handle:
         handle.write(forecast.to_json(indent=2))
+    log_fit_to_wandb(step, task, context.run_dir, forecast, table)
     return {"forecast_version": version, **forecast.summary()}
+
+
+def log_fit_to_wandb(step: FitStep, task, run_dir: str, forecast, table) -> None:
+    """The fit as a W&B run of the experiment's group (job type "fit", from the executor's environment): its
+    forecast's final loss and band in the summary, and one chart of the whole forecast curve. W&B's mode
+    and project are the target's (a hero with W&B disabled has a fit without W&B too); never fails the fit."""
+    from trainer.metrics import WandbSink
+
+    from ladder.overlay import forecast_chart
+
+    train = task.target.spec.train
+    sink = WandbSink(
+        mode=train.wandb, project=train.wandb_project, run_dir=run_dir, name=step.name,
+        config={"fit": step.config.model_dump(mode="json"), "target": task.target.name,
+                "target_fingerprint": task.target_fingerprint, "inputs": sorted(task.deps),
+                "table_runs": int(table["run"].nunique()), "table_rows": int(len(table))},
+    )
+    if sink.run is None:
+        return
+    try:
+        sink.summary({f"forecast/{k}": v for k, v in forecast.summary().items() if isinstance(v, (int, float, str))})
+        chart = forecast_chart(forecast, title=f"{task.target.name}: forecast v{forecast.version} by {step.name}")
+        sink.run.log({"forecast/chart": chart}, step=0)
+    except Exception as error:  # noqa: BLE001 - W&B must never fail the fit
+        import logging
+
+        logging.getLogger(__name__).warning("W&B logging of the fit failed: %s", error)
+    finally:
+        sink.close()

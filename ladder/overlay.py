@@ -5,7 +5,8 @@ chart. `ForecastOverlay` is a trainer hook (`hook(step, metrics) -> dict`): afte
 the newest stored forecast version of its target and returns forecast/loss, forecast/lo, forecast/hi,
 forecast/sigma (how many standard deviations eval/loss is from the prediction, the 95% band read as
 +-1.96 sigma) and forecast/version, which the trainer writes on the same line and logs to W&B at the
-same step as eval/loss (so a W&B panel plotting eval/loss, forecast/lo and forecast/hi shows the band).
+same step as eval/loss (so a W&B panel plotting eval/loss, forecast/lo and forecast/hi shows the band at
+past evals). Each new forecast version is also logged once as a chart of its whole curve, ahead of the run.
 
 Every `refit_every` evals it refits the forecast with the run's own live prefix (forecasting's
 `refit_forecast`: the ladder table plus the stored ladder forecast as the prior) and stores a new
@@ -95,7 +96,7 @@ class ForecastOverlay:
         self._thread: threading.Thread | None = None
         self._outcome: dict[str, Any] | None = None  # set by the refit thread, consumed at the next eval
         self._lock = threading.Lock()
-        self._chart_rows: dict[int, tuple[float, float, float, float]] = {}  # step -> (actual, loss, lo, hi)
+        self._charted_version: int | None = None  # the forecast version whose whole curve W&B has
 
     # ------------------------------------------------------------------ the hook
 
@@ -113,9 +114,8 @@ class ForecastOverlay:
                 sigma = alerts_lib.band_sigma(float(actual), loss, lo, hi, Z95) if _finite(actual) else math.nan
                 if math.isfinite(sigma):  # a zero-width band has no sigma; never write Infinity into JSON lines
                     out["forecast/sigma"] = sigma
-            if band is not None and _finite(actual):
-                self._chart_rows[int(step)] = (float(actual), *band)
-                self._log_wandb_chart()
+            if self.forecast is not None and self.version != self._charted_version:
+                self._log_wandb_chart(int(step), actual)
             new_rows = self._read_new_rows(step, {**metrics, **out, "step": step})
             if _finite(actual):
                 self._eval_points[int(step)] = {k: metrics[k] for k in ("step", "tokens", "flops", "eval/loss") if k in metrics}
@@ -130,23 +130,23 @@ class ForecastOverlay:
             log.warning("forecast overlay failed at step %d; continuing:\n%s", step, traceback.format_exc())
         return out or None
 
-    def _log_wandb_chart(self) -> None:
-        """W&B draws every key on its own chart; this custom line chart puts eval/loss and the band on one axis.
-
-        Logged with commit=False so it lands on the eval's own step; skipped when no W&B run is active.
-        """
+    def _log_wandb_chart(self, step: int, actual: Any) -> None:
+        """W&B draws every key on its own chart, and only at steps already logged; this custom line chart puts
+        the whole forecast curve (loss and band to the last planned step, ahead of the run) and eval/loss so
+        far on one axis. Logged once per forecast version, with commit=False so it lands on this eval's
+        step; skipped when no W&B run is active."""
         try:
             import wandb
 
             if wandb.run is None:
                 return
-            steps = sorted(self._chart_rows)
-            columns = list(zip(*(self._chart_rows[s] for s in steps)))
-            chart = wandb.plot.line_series(
-                xs=steps, ys=[list(c) for c in columns], keys=["eval/loss", "forecast/loss", "forecast/lo", "forecast/hi"],
-                title=f"{self.target_name}: eval/loss against the forecast band", xname="step",
-            )
+            evals = {s: float(r["eval/loss"]) for s, r in self._eval_points.items() if _finite(r.get("eval/loss"))}
+            if _finite(actual):
+                evals[step] = float(actual)
+            chart = forecast_chart(self.forecast, sorted(evals.items()),
+                                   title=f"{self.target_name}: forecast v{self.version} and eval/loss")
             wandb.log({"forecast/chart": chart}, commit=False)
+            self._charted_version = self.version
         except Exception as error:  # noqa: BLE001 - W&B must never hurt the run
             log.debug("W&B forecast chart not logged: %s", error)
 
@@ -353,6 +353,22 @@ def live_table(rows: Sequence[dict[str, Any]], target) -> Any:
     return validate_table(frame.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True))
 
 
+def forecast_chart(forecast, evals: Sequence[tuple[int, float]] = (), *, title: str):
+    """A W&B line chart of a forecast's whole curve (forecast/loss, forecast/lo, forecast/hi at every curve
+    step, to the end of the planned run) and the observed eval/loss points (step, loss)."""
+    import wandb
+
+    steps = [int(p.step) for p in forecast.curve]
+    xs = [steps, steps, steps]
+    ys = [[float(p.loss) for p in forecast.curve], [float(p.lo) for p in forecast.curve], [float(p.hi) for p in forecast.curve]]
+    keys = ["forecast/loss", "forecast/lo", "forecast/hi"]
+    if evals:
+        xs.append([int(s) for s, _ in evals])
+        ys.append([float(v) for _, v in evals])
+        keys.append("eval/loss")
+    return wandb.plot.line_series(xs=xs, ys=ys, keys=keys, title=title, xname="step")
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -371,4 +387,4 @@ def overlay_for_step(step, store_url: str, run_dir: str, ladder_run_dirs: Sequen
     )
 
 
-__all__ = ["DEFAULT_REFIT_EVERY", "ForecastOverlay", "live_table", "overlay_for_step", "prior_forecast", "refit_and_store"]
+__all__ = ["DEFAULT_REFIT_EVERY", "ForecastOverlay", "forecast_chart", "live_table", "overlay_for_step", "prior_forecast", "refit_and_store"]

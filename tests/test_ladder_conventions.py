@@ -160,3 +160,136 @@ def test_running_an_experiment_file_plans_it_and_says_how_to_run_it(tmp_path):
 def test_every_shipped_experiment_has_a_main_block(name):
     text = open(os.path.join(REPO, "experiments", f"{name}.py")).read()
     assert 'if __name__ == "__main__":' in text and "run_as_script(__file__)" in text
+
+
+# ------------------------------------------------------------------------------------ ladder submit: live progress
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _append(path, rows) -> None:
+    with open(path, "a") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _train_rows(steps, t0=1000.0, seconds_per_step=0.5):
+    return [{"step": s, "time": t0 + s * seconds_per_step, "tokens": s * 256, "train/loss": 5.0 - s / 100,
+             "throughput/tokens_per_second": 512.0} for s in steps]
+
+
+def test_submit_progress_prints_one_line_per_step_from_the_run_directory(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from ladder.progress import SubmitProgress
+    from ladder.store import Store
+
+    store = Store(str(tmp_path))
+    run_dir = store.run_dir("r24", "0" * 16)
+    os.makedirs(run_dir)
+    metrics = f"{run_dir}/metrics.jsonl"
+    _append(metrics, _train_rows(range(10, 31, 10)))  # an earlier attempt's lines: read once when following starts
+    out = io.StringIO()
+    clock = _Clock()
+    progress = SubmitProgress(store, Console(file=out, width=200), interval=5.0, read_every=1.0, clock=clock)
+    assert not progress.live  # not a terminal: plain lines
+    progress.start("r24", run_dir, num_steps=100, tokens_per_step=256)
+    _append(metrics, _train_rows(range(40, 61, 10)))
+    clock.now = 6.0
+    [line] = progress.poll()
+    assert line.startswith("[progress] r24 step 60/100 (60.0%)") and "loss 4.4000" in line and "512 tokens/s" in line
+    assert "ETA 0:00:20" in line  # 40 steps left at the 0.5 s per step the lines show
+    clock.now = 7.0
+    _append(metrics, _train_rows([70]))
+    assert progress.poll() == [], "at most one line per step every `interval` seconds"
+    clock.now = 12.0
+    _append(metrics, [{"step": 70, "time": 1035.5, "tokens": 70 * 256, "eval/loss": 4.35}])
+    with open(metrics, "a") as handle:
+        handle.write('{"step": 80, "train/lo')  # a line still being written is left for the next read
+    [line] = progress.poll()
+    assert "step 70/100" in line and "eval 4.3500" in line
+    clock.now = 18.0
+    assert progress.poll() == [], "nothing new, nothing printed"
+    assert progress.bytes_read == os.path.getsize(metrics) - len('{"step": 80, "train/lo')  # every byte read once
+    progress.finish("r24")
+    progress.close()
+    assert "\x1b[" not in out.getvalue()
+    assert out.getvalue().count("[progress] r24") == 2
+
+
+def test_submit_progress_on_a_terminal_is_a_rich_display(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from ladder.progress import SubmitProgress
+    from ladder.store import Store
+
+    store = Store(str(tmp_path))
+    run_dir = store.run_dir("hero", "1" * 16)
+    os.makedirs(run_dir)
+    out = io.StringIO()
+    clock = _Clock()
+    progress = SubmitProgress(store, Console(file=out, force_terminal=True, width=160), clock=clock)
+    assert progress.live
+    progress.start("hero", run_dir, num_steps=200)
+    _append(f"{run_dir}/metrics.jsonl", _train_rows(range(10, 101, 10)))
+    clock.now = 2.0
+    progress.poll()
+    progress.finish("hero")
+    progress.close()
+    text = out.getvalue()
+    assert "100/200" in text and "loss 4.0000" in text and "512 tokens/s" in text
+
+
+def test_quiet_ray_warnings_drops_the_token_auth_notice_and_colour_codes(monkeypatch):
+    import logging
+
+    from ladder.progress import RAY_TOKEN_AUTH_LOGGER, quiet_ray_warnings
+
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    quiet_ray_warnings(tty=False)
+    assert os.environ["RAY_COLOR_PREFIX"] == "0"
+    from ray._private.authentication import authentication_token_setup
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger(RAY_TOKEN_AUTH_LOGGER)  # Ray's loggers do not propagate to the root
+    logger.addHandler(handler)
+    try:
+        authentication_token_setup._warn_token_auth_enabled()  # what every embedded ray.init says
+        logger.warning("another warning stays")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["another warning stays"]
+
+
+@pytest.mark.slow  # ~1 min: an embedded Ray and a real tiny training step
+def test_submit_in_a_log_shows_progress_without_terminal_codes_or_ray_notices(tmp_path):
+    exp = tmp_path / "one.py"
+    exp.write_text(textwrap.dedent(
+        """
+        from ladder import TrainStep
+        from tests.ladder_helpers import tiny_spec
+
+        spec = tiny_spec()
+        step = TrainStep(name="solo", spec=spec.model_copy(update={"train": spec.train.model_copy(update={"log_every": 2})}))
+        """
+    ))
+    env = {**os.environ, "PYTHONPATH": REPO, "TERM": "xterm-256color"}
+    env.pop("RAY_COLOR_PREFIX", None)
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ladder"), "submit", str(exp), "--root", str(tmp_path / "root")],
+                          cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log
+    assert "[progress] solo step 20/20 (100.0%)" in log and "loss" in log and "ETA" in log
+    assert "\x1b[" not in log, "terminal codes in a log"
+    assert "Token authentication" not in log

@@ -68,7 +68,9 @@ def test_forecasts_are_versioned_and_round_trip(tmp_path):
     forecast = Forecast(target=target_spec(dag["hero"]), method="compute", inputs_fingerprint="x", final_loss=2.0,
                         final_loss_lo=1.9, final_loss_hi=2.1, law="L = E + A C^-a")
     assert store_forecast(store, forecast, meta={"why": "test"}) == 1
-    assert store_forecast(store, forecast, meta={"why": "test"}) == 2
+    assert store_forecast(store, forecast, meta={"why": "again"}) == 1  # the same forecast is not filed twice
+    changed = forecast.model_copy(update={"final_loss": 1.95})
+    assert store_forecast(store, changed, meta={"why": "test"}) == 2 and store.list_forecasts("hero") == [1, 2]
     again = load_forecast(store, "hero", 1)
     assert again.final_loss == 2.0 and again.version == 1
     assert store.read_forecast("hero", 2)["ladder"] == {"why": "test"}

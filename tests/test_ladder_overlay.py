@@ -268,9 +268,10 @@ def test_a_resumed_run_refits_with_the_evals_of_its_earlier_attempt(tmp_path):
     assert live_table(list(overlay._eval_points.values()), target)["step"].tolist() == [25, 50, 75, 100, 125, 150]
 
 
-def test_wandb_gets_one_chart_with_eval_loss_and_the_band(tmp_path, monkeypatch):
-    """An offline W&B run (as the trainer opens one) receives a line chart whose table holds the actual
-    eval/loss beside forecast/loss, lo and hi at every eval."""
+def test_wandb_gets_the_whole_forecast_curve_once_per_version(tmp_path, monkeypatch):
+    """An offline W&B run (as the trainer opens one) receives, for each forecast version, one line chart of the
+    whole forecast curve (loss, lo, hi to the last curve step, ahead of the run) beside eval/loss so far; the
+    evals in between do not log the table again."""
     import wandb
 
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -280,13 +281,18 @@ def test_wandb_gets_one_chart_with_eval_loss_and_the_band(tmp_path, monkeypatch)
     overlay = ForecastOverlay(store.url, "hero", target, [], run_dir=None, refit_every=0, console_alerts=False)
     run = wandb.init(mode="offline", dir=str(tmp_path), project="ladder-test")
     try:
-        for step, loss in ((100, 3.6), (200, 3.4)):
+        for step, loss in ((100, 3.6), (200, 3.4), (300, 3.3)):
             overlay(step, {"step": step, "eval/loss": loss})
             wandb.log({"eval/loss": loss}, step=step)
+            if step == 200:  # a refit lands: the next eval charts the new version
+                store_forecast(store, _forecast(target, shift=0.1), meta={"refit": True})
     finally:
         run.finish()
     tables = sorted((tmp_path / "wandb").glob("offline-run-*/files/media/table/forecast/chart*.table.json"))
-    assert tables, list((tmp_path / "wandb").rglob("*"))[:20]
-    table = json.loads(tables[-1].read_text())
-    assert {"eval/loss", "forecast/loss", "forecast/lo", "forecast/hi"} <= {row[1] for row in table["data"]}
-    assert [row[0] for row in table["data"] if row[1] == "eval/loss"] == [100, 200]
+    assert len(tables) == 2, [t.name for t in tables]  # versions 1 and 2, not one per eval
+    first, second = (json.loads(t.read_text())["data"] for t in sorted(tables, key=lambda t: t.stat().st_mtime))
+    assert {"eval/loss", "forecast/loss", "forecast/lo", "forecast/hi"} == {row[1] for row in first}
+    assert [row[0] for row in first if row[1] == "forecast/hi"] == [10, 1000]  # the band ahead of the run
+    assert [row[0] for row in first if row[1] == "eval/loss"] == [100]
+    assert [row[0] for row in second if row[1] == "eval/loss"] == [100, 200, 300]
+    assert [row[2] for row in second if row[1] == "forecast/loss"] == pytest.approx([4.1, 3.1])
