@@ -199,9 +199,10 @@ def plan(
         memory_policy=memory_policy, headroom=hbm_headroom,
     )
     hours = {r.name: capacity[r.name].accelerator_hours if r.name in capacity else None for r in rows}
+    cadence_warnings = _eval_cadence_warnings(exp.dag)
     if as_json:
         print(json.dumps({"experiment": exp.ref, "root": store.url, "mfu": mfu, "price_per_hour": price_per_hour,
-                          "hbm_headroom": hbm_headroom, "steps": [
+                          "hbm_headroom": hbm_headroom, "warnings": cadence_warnings, "steps": [
             {"name": r.name, "kind": r.kind, "state": r.state, "detail": r.detail, "path": r.path, "fingerprint": r.fingerprint,
              "flops": r.flops, "accelerator_hours": hours[r.name], "waits_for": list(r.waits_for),
              **({"derived": exp.dag[r.name].derived.model_dump()} if r.kind == "train" else {}),
@@ -229,6 +230,34 @@ def plan(
         )
     console.print(table)
     _print_capacity(capacity)
+    for warning in cadence_warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}")
+
+
+MIN_CURVE_EVALS = 8  # a curve law has 3-4 parameters; fewer evals than this cannot show a curve's shape
+
+
+def _eval_cadence_warnings(dag) -> list[str]:
+    """Rungs that will log too few evals for the fit to use their curves (said before anything runs)."""
+    from ladder.dag import FitStep, TrainStep
+    from trainer.config import evals_logged
+
+    out = []
+    for step in dag.steps.values():
+        if not isinstance(step, FitStep):
+            continue
+        for name in step.deps:
+            rung = dag.steps.get(name)
+            if not isinstance(rung, TrainStep):
+                continue
+            n_steps = rung.derived.num_steps
+            k = evals_logged(rung.spec.train.eval_every, n_steps)
+            if k < MIN_CURVE_EVALS:
+                fix = (f"lower train.eval_every to about {max(1, n_steps // 25)} or leave it unset"
+                       if rung.spec.train.eval_every is not None else "train it for more steps or set train.eval_every=1")
+                out.append(f"{name} will log only {k} eval(s) over {n_steps} steps (train.eval_every="
+                           f"{rung.spec.train.eval_every}): too few for {step.name} to fit its curve; {fix}")
+    return out
 
 
 @app.command()

@@ -324,7 +324,10 @@ class TrainConfig(Frozen):
     tokens: int = Field(..., gt=0, description="Training token budget; steps = round(tokens / (batch_size * seq_len)).")
     batch_size: int = Field(16, ge=1, description="Global batch size in sequences.")
     seed: int = Field(0, description="Seed of the initialisation and of the data order.")
-    eval_every: int = Field(100, ge=1, description="Evaluate every n steps (and at the end).")
+    eval_every: int | None = Field(
+        None, ge=1, description="Evaluate every n steps (and at the end); default: about DEFAULT_EVALS_PER_RUN evals per "
+        "run (never more often than every MIN_DEFAULT_EVAL_INTERVAL steps), so every rung logs a curve a law can fit.",
+    )
     eval_batches: int = Field(4, ge=1, description="Validation batches per source per evaluation.")
     log_every: int = Field(10, ge=1, description="Write train metrics every n steps.")
     checkpoint_every: int | None = Field(200, ge=1, description="Checkpoint every n steps (and at the end).")
@@ -393,6 +396,23 @@ class TrainConfig(Frozen):
         return self.batch_size // self.microbatch_size if self.microbatch_size else 1
 
 
+DEFAULT_EVALS_PER_RUN = 25
+MIN_DEFAULT_EVAL_INTERVAL = 2
+
+
+def eval_interval(eval_every: int | None, num_steps: int) -> int:
+    """The eval cadence a run uses: the one given, else one that follows the run's length (tens of evals)."""
+    if eval_every is not None:
+        return int(eval_every)
+    return max(min(MIN_DEFAULT_EVAL_INTERVAL, num_steps), round(num_steps / DEFAULT_EVALS_PER_RUN))
+
+
+def evals_logged(eval_every: int | None, num_steps: int) -> int:
+    """How many evals a run of `num_steps` logs (every interval, plus the last step)."""
+    every = eval_interval(eval_every, num_steps)
+    return num_steps // every + (0 if num_steps % every == 0 else 1)
+
+
 class TrainJob(Frozen):
     """Everything the trainer needs to run one job; `trainer.train(job, run_dir)` consumes it."""
 
@@ -430,6 +450,11 @@ class TrainJob(Frozen):
     @property
     def num_steps(self) -> int:
         return max(1, round(self.train.tokens / (self.train.batch_size * self.model.seq_len)))
+
+    @property
+    def eval_interval(self) -> int:
+        """Steps between evals: train.eval_every, else about DEFAULT_EVALS_PER_RUN evals over the run."""
+        return eval_interval(self.train.eval_every, self.num_steps)
 
     @property
     def tokens_per_step(self) -> int:

@@ -467,7 +467,7 @@ def train(
             needs_rollback = process(*pending) if pending is not None else False
             pending = (step, device_metrics)
             at_end = step == num_steps
-            eval_due = step % tcfg.eval_every == 0 or at_end
+            eval_due = step % job.eval_interval == 0 or at_end
             save_due = at_end or checkpointer.due(step)
             if not needs_rollback and (eval_due or save_due):
                 needs_rollback = process(*pending)
