@@ -7,6 +7,14 @@ directory (same name, same fingerprint): spec.json as the executor writes it, me
 and a status.json whose history says "imported" and where from. Nothing is trained, nothing is faked:
 the rows are the external run's logged points, and a run that crashed is imported as failed.
 
+Sources: `ladder import EXP marin-published` (Marin's published grid), and `ladder import EXP STEP SOURCE`
+for any run trained elsewhere: a CSV/TSV/parquet export (W&B history or panel export, OLMo-style eval
+tables), a JSON-lines metrics file, or a W&B offline run directory (its .wandb transaction log, read by
+`WandbLog`), on any fsspec URL. forecasting.external maps the columns to our metric keys and aligns
+sparse ones by step; the step's spec supplies params, tokens per step, FLOPs and the schedule, so the
+source needs only a step and a loss. import.json in the run directory records the source and the mapping.
+`SourceReader` reads a source incrementally, which is what ladder.attach follows a live run with.
+
 Rules:
 - An existing run directory is never overwritten. Importing the same rows from the same source again
   is a no-op; anything else already there (our own attempt, another import) is an error that says so.
