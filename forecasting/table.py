@@ -64,6 +64,10 @@ class TableError(ValueError):
     """The table of runs breaks the schema; the message says which column, run and step."""
 
 
+class TornLineWarning(UserWarning):
+    """A run directory's metrics.jsonl ends in a torn line (its writer stopped mid-line); the line was ignored."""
+
+
 def normalise_columns(df: pd.DataFrame) -> pd.DataFrame:
     """Rename known aliases to schema names (does not overwrite a column that already exists)."""
     out = df.copy()
@@ -185,11 +189,40 @@ def _drop_superseded(rows: list[dict]) -> list[dict]:
     return kept
 
 
-def from_run_dirs(paths: Iterable[str], *, loss_key: str = "eval/loss") -> pd.DataFrame:
+def _final_eval_from_result(path: str, rows: list[dict], loss_key: str) -> dict | None:
+    """The final eval of a finished run from its result.json, when metrics.jsonl lacks it (a torn last line)."""
+    if loss_key != "eval/loss":
+        return None
+    try:
+        result = json.loads(_read_text(_join(path, "result.json")) or "null")
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(result, dict) or not result.get("completed") or result.get("final_eval_loss") is None:
+        return None
+    step = result.get("steps")
+    if not isinstance(step, int) or any(r.get("step") == step and r.get(loss_key) is not None for r in rows):
+        return None
+    row = {"step": step, loss_key: float(result["final_eval_loss"])}
+    row.update({k: float(result[k]) for k in ("tokens", "flops") if isinstance(result.get(k), (int, float))})
+    return row
+
+
+def _note(message: str, notes: list[str] | None) -> None:
+    if notes is None:
+        import warnings
+
+        warnings.warn(message, TornLineWarning, stacklevel=3)
+    else:
+        notes.append(message)
+
+
+def from_run_dirs(paths: Iterable[str], *, loss_key: str = "eval/loss", notes: list[str] | None = None) -> pd.DataFrame:
     """Load ladder run directories (spec.json + metrics.jsonl each) into one validated table.
 
     Uses `loss_key` lines (default eval/loss); a run that has no eval line falls back to train/loss and
-    marks split="train". A torn last line in metrics.jsonl is ignored. Paths may be fsspec URLs.
+    marks split="train". A torn last line in metrics.jsonl is ignored and said so (appended to `notes`, or a
+    TornLineWarning when `notes` is None); when the run finished, its final eval comes from result.json, so a
+    torn final line does not silently move the run's last point. Paths may be fsspec URLs.
     """
     frames = []
     for path in paths:
@@ -201,6 +234,7 @@ def from_run_dirs(paths: Iterable[str], *, loss_key: str = "eval/loss") -> pd.Da
         name = str(spec.get("name") or PurePosixPath(path).name)
         metrics_text = _read_text(_join(path, "metrics.jsonl")) or ""
         rows = []
+        torn = None
         lines = metrics_text.splitlines()
         for i, line in enumerate(lines):
             if not line.strip():
@@ -209,9 +243,17 @@ def from_run_dirs(paths: Iterable[str], *, loss_key: str = "eval/loss") -> pd.Da
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 if i == len(lines) - 1:
-                    continue  # torn last line: the writer was interrupted mid-line
+                    torn = i + 1  # torn last line: the writer was interrupted mid-line
+                    continue
                 raise TableError(f"{path}/metrics.jsonl line {i + 1} is not JSON") from None
         rows = _drop_superseded(rows)
+        if torn is not None:
+            message = f"{_join(path, 'metrics.jsonl')} line {torn} is torn (cut off mid-line) and was ignored"
+            final = _final_eval_from_result(path, rows, loss_key)
+            if final is not None:
+                rows.append(final)
+                message += f"; the finished run's final eval (step {final['step']}, {final[loss_key]:.4f}) is taken from result.json"
+            _note(message, notes)
         if not rows:
             continue
         m = pd.DataFrame(rows)

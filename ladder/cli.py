@@ -335,7 +335,9 @@ def status(
         print(json.dumps([{"name": r.name, "state": r.state, "detail": r.detail, "path": r.path,
                            "step": s.step if s else None, "num_steps": s.num_steps if s else None,
                            "train_loss": s.train_loss if s else None, "eval_loss": s.eval_loss if s else None,
-                           "tokens": s.tokens if s else None, "flops": s.flops if s else r.flops} for r, s in records], indent=2))
+                           "tokens": s.tokens if s else None, "flops": s.flops if s else r.flops,
+                           "warnings": s.warnings if s else []} for r, s in records], indent=2))
+        _print_summary_warnings(records)
         return
     table = Table(title=f"{exp.ref}  (root {store.url})")
     for column in ("step", "state", "progress", "train loss", "eval loss", "tokens", "FLOPs", "path"):
@@ -355,6 +357,13 @@ def status(
             row.path,
         )
     console.print(table)
+    _print_summary_warnings(records)
+
+
+def _print_summary_warnings(records) -> None:
+    for row, summary in records:
+        for line in summary.warnings if summary else ():
+            err_console.print(f"[yellow]warning:[/] {row.name}: {line}")
 
 
 @app.command()
@@ -508,6 +517,24 @@ def _is_table(source: str) -> bool:
     return os.path.isdir(source) or "://" in source
 
 
+def _load_table(source: str):
+    """forecasting.api.load_table, its torn-line warnings printed as one line each."""
+    import warnings
+
+    from forecasting import api
+    from forecasting.table import TornLineWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TornLineWarning)
+        table = api.load_table(source)
+    for warning in caught:
+        if issubclass(warning.category, TornLineWarning):
+            err_console.print(f"[yellow]warning:[/] {warning.message}")
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return table
+
+
 def _forecasting_error(error: Exception) -> None:
     from forecasting.table import COLUMNS
 
@@ -581,7 +608,7 @@ def fit(
     from forecasting import api
 
     try:
-        table = api.load_table(source) if _is_table(source) else _experiment_table(_load(source), _store(root), None)
+        table = _load_table(source) if _is_table(source) else _experiment_table(_load(source), _store(root), None)
         result = api.fit_ladder(table, law=law, n_bootstrap=n_bootstrap, seed=seed)
     except typer.Exit:
         raise
@@ -656,7 +683,7 @@ def forecast(
         if _is_table(source):
             if params_active is None or tokens is None:
                 _fail("with a table, describe the target: --params-active N --tokens D (and optionally --num-steps, --flops).")
-            table = api.load_table(source)
+            table = _load_table(source)
             lr = _schedule_values(schedule, peak_lr, num_steps, warmup, min_lr_fraction, decay_fraction)
             spec = TargetSpec(name=name, params_active=params_active, params_total=params_total, tokens=tokens,
                               num_steps=num_steps, total_flops=flops, tokens_per_step=tokens / num_steps if num_steps else None, lr=lr)
@@ -790,7 +817,6 @@ def schema() -> None:
 def _register_commands_from_modules() -> None:
     """Commands whose code lives beside what they drive (importer, plots, live view)."""
     from ladder.attach import attach_command
-    from ladder.attach import attach_command
     from ladder.demo import demo_command
     from ladder.importer import import_command
     from ladder.plots import plot_command
@@ -798,7 +824,6 @@ def _register_commands_from_modules() -> None:
     from ladder.watch import watch_command
 
     app.command("import")(import_command)
-    app.command("attach")(attach_command)
     app.command("attach")(attach_command)
     app.command("plot")(plot_command)
     app.command("watch")(watch_command)

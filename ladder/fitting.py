@@ -89,7 +89,7 @@ def table_from_steps(
         )
     if len(dirs) < 2:
         raise FitInputError(f"a scaling fit needs at least 2 finished runs; found {len(dirs)}.")
-    return from_run_dirs(dirs)
+    return from_run_dirs(dirs, notes=warnings)
 
 
 def store_forecast(store: Store, forecast, *, meta: dict[str, Any]) -> int:

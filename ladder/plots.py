@@ -334,7 +334,7 @@ def experiment_plot_data(experiment: str, target: str | None = None, root: str |
     names = [n for n in ladder_runs_for(dag, target) if started(n)]
     warnings = []
     try:
-        rungs = table_from_steps(dag, store, names, require_done=False)
+        rungs = table_from_steps(dag, store, names, require_done=False, warnings=warnings)
     except (FitInputError, TableError):
         try:
             dirs = [store.url_of(store.run_dir(n, dag.fingerprints[n])) for n in names]
@@ -346,7 +346,7 @@ def experiment_plot_data(experiment: str, target: str | None = None, root: str |
     actual = None
     if started(target):
         try:
-            actual = from_run_dirs([store.url_of(store.run_dir(target, dag.fingerprints[target]))])
+            actual = from_run_dirs([store.url_of(store.run_dir(target, dag.fingerprints[target]))], notes=warnings)
         except TableError:
             actual = None
     forecasts = [f for f in (load_forecast(store, target, v) for v in store.list_forecasts(target)) if f is not None]

@@ -184,6 +184,8 @@ def ladder_section(ctx: ReportContext) -> Section:
                 summary = summarize(ctx.store, _run_dir(ctx, row.name))
             except Exception:  # noqa: BLE001 - an unreadable run shows as no progress
                 summary = None
+            for line in summary.warnings if summary is not None else ():
+                section.notes.append(f"{row.name}: {line}")
             if summary is not None and summary.step is not None:
                 planned = summary.num_steps or (derived.num_steps if derived else None)
                 progress = f"step {summary.step:,}" + (f" of {planned:,} ({summary.step / planned:.1%})" if planned else "")

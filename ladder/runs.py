@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ladder.store import Store
+from ladder.store import Store, StoreError
 
 
 def read_metrics(store: Store, run_dir: str, *, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
@@ -49,6 +49,24 @@ def read_jsonl(store: Store, path: str, *, offset: int = 0) -> tuple[list[dict[s
     return rows, offset + consumed
 
 
+def torn_tail(store: Store, path: str, offset: int) -> str | None:
+    """A warning naming the file and line when the bytes after `offset` (what read_jsonl left) are a torn line."""
+    try:
+        with store.fs.open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    tail = data[offset:]
+    if not tail.strip():
+        return None
+    try:
+        json.loads(tail)
+        return None  # a whole line still waiting for its newline (a writer mid-append)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        line = data[:offset].count(b"\n") + 1
+        return f"{store.url_of(path)} line {line} is torn (cut off mid-line) and was ignored"
+
+
 @dataclass
 class RunSummary:
     step: int | None = None
@@ -58,6 +76,7 @@ class RunSummary:
     train_loss: float | None = None
     eval_loss: float | None = None
     eval_step: int | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def progress(self) -> float | None:
@@ -69,7 +88,7 @@ class RunSummary:
 def summarize(store: Store, run_dir: str) -> RunSummary:
     from trainer.metrics import apply_resume_markers
 
-    rows, _ = read_metrics(store, run_dir)
+    rows, offset = read_metrics(store, run_dir)
     rows = apply_resume_markers(rows)
     summary = RunSummary()
     spec = store.read_json(f"{run_dir}/spec.json") or {}
@@ -83,6 +102,21 @@ def summarize(store: Store, run_dir: str) -> RunSummary:
             summary.train_loss = row["train/loss"]
         if _finite(row.get("eval/loss")):
             summary.eval_loss, summary.eval_step = row["eval/loss"], row.get("step")
+    torn = torn_tail(store, f"{run_dir}/metrics.jsonl", offset)
+    if torn:
+        try:
+            result = store.read_json(f"{run_dir}/result.json") or {}
+        except StoreError:
+            result = {}
+        if result.get("completed") and isinstance(result.get("steps"), int) and summary.eval_step != result["steps"]:
+            # the torn line was the finished run's last: result.json has its step and final eval
+            summary.step = result["steps"]
+            summary.tokens = result.get("tokens", summary.tokens)
+            summary.flops = result.get("flops", summary.flops)
+            if _finite(result.get("final_eval_loss")):
+                summary.eval_loss, summary.eval_step = result["final_eval_loss"], result["steps"]
+            torn += f"; the finished run's final eval (step {result['steps']}) is taken from result.json"
+        summary.warnings.append(torn)
     return summary
 
 
