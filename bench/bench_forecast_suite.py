@@ -29,8 +29,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--methods", default=None, help="comma-separated methods (default: forecasting.api.METHODS + auto)")
     ap.add_argument("--datasets", default=None, help=f"comma-separated data sets (default: all of {','.join(suite.DATASETS)})")
     ap.add_argument("--n-bootstrap", type=int, default=20, help="bootstrap refits per forecast (default 20)")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per forecast call before it counts as a timeout")
-    ap.add_argument("--budget", type=float, default=600.0, help="seconds one method may spend on one data set (rest skipped)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds per forecast call before it counts as a timeout (default 120; 5 with --quick)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds one method may spend on one data set, the rest skipped (default 600; 10 with --quick)")
     ap.add_argument("--points", default=None, help="write every scored point (CSV) here")
     ap.add_argument("--json", default=None, help="write the full result (per split and per configuration) here")
     ap.add_argument("--markdown", default=None, help="write the report here (default without --quick: bench/RESULTS_forecast_suite.md)")
@@ -40,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    timeout = args.timeout if args.timeout is not None else (5.0 if args.quick else 120.0)
+    budget = args.budget if args.budget is not None else (10.0 if args.quick else 600.0)
     try:
         datasets = args.datasets.split(",") if args.datasets else list(suite.DATASETS)
         methods = args.methods.split(",") if args.methods else None
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_forecast_suite: {e}", file=sys.stderr)
         return 2
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    res = suite.run_suite(splits, methods, n_bootstrap=args.n_bootstrap, timeout_s=args.timeout, budget_s=args.budget,
+    res = suite.run_suite(splits, methods, n_bootstrap=args.n_bootstrap, timeout_s=timeout, budget_s=budget,
                           progress=progress,
                           quick=args.quick)
     command = "python bench/bench_forecast_suite.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))

@@ -509,19 +509,20 @@ def splits_k2(prefixes: Sequence[float] = REFIT_PREFIXES) -> list[Split]:
 
 
 def all_splits(datasets: Sequence[str] = DATASETS, *, quick: bool = False) -> list[Split]:
-    """Every split of the named data sets. quick: a small subset (few targets, one split per data set)."""
+    """Every split of the named data sets. quick: a small subset (one split per data set, one target per split)."""
     unknown = sorted(set(datasets) - set(DATASETS))
     if unknown:
         raise ValueError(f"unknown data set(s) {unknown}; choose from {list(DATASETS)}")
+    cap = 1 if quick else MAX_TARGETS
     build: dict[str, Callable[[], list[Split]]] = {
-        "chinchilla": lambda: splits_chinchilla(cap=3 if quick else MAX_TARGETS),
-        "steplaw_dense": lambda: splits_steplaw_dense(),
-        "steplaw_moe": lambda: splits_steplaw_moe(cap=2 if quick else MAX_TARGETS),
-        "multipower": lambda: splits_multipower(cap=2, sizes=(), cross_size=True) if quick else splits_multipower(),
+        "chinchilla": lambda: splits_chinchilla(cap=cap),
+        "steplaw_dense": lambda: splits_steplaw_dense(cap=cap),
+        "steplaw_moe": lambda: splits_steplaw_moe(cap=cap),
+        "multipower": lambda: splits_multipower(cap=cap, sizes=(), cross_size=True) if quick else splits_multipower(),
         "marin": lambda: splits_marin(hero=not quick),
-        "porian": lambda: splits_porian(cap=2, configs=["rw_base_short_kaplan_standard_val"]) if quick else splits_porian(),
-        "hh_datablations": lambda: splits_datablations(cap=2, data=("c4",)) if quick else splits_datablations(),
-        "hh_opt": lambda: splits_opt(),
+        "porian": lambda: splits_porian(cap=cap, configs=["rw_base_short_kaplan_standard_val"]) if quick else splits_porian(),
+        "hh_datablations": lambda: splits_datablations(cap=cap, data=("c4",)) if quick else splits_datablations(),
+        "hh_opt": lambda: splits_opt(cap=cap),
         "hh_olmo": lambda: splits_olmo(runs=["OLMo-7B"], prefixes=(0.2,)) if quick else splits_olmo(),
         "hh_k2": lambda: splits_k2(prefixes=(0.2,)) if quick else splits_k2(),
     }
@@ -876,10 +877,10 @@ def render_markdown(res: SuiteResult, command: str = "") -> str:
         "only some targets of that data set (see the failures); `n/a` = it ran on none; `—` = nothing of that kind to",
         "score (a final-only method on curve points, or a column that does not apply). The last row averages the data",
         f"sets each method ran on (each data set counts once; n = how many). Methods: {', '.join(res.methods)}.",
-        f"Settings: n_bootstrap = {res.n_bootstrap}, at most {MAX_TARGETS} targets per split, at most {MAX_CURVE_POINTS} "
+        f"Settings: n_bootstrap = {res.n_bootstrap}, at most {1 if res.quick else MAX_TARGETS} target(s) per split, at most {MAX_CURVE_POINTS} "
         f"scored points per curve target, {'no' if res.timeout_s is None else f'{res.timeout_s:g} s'} limit per call, "
         f"{'no budget' if res.budget_s is None else f'{res.budget_s:g} s budget'} per method and data set"
-        f"{', quick subset' if res.quick else ''}; {len(res.splits)} splits, {n_targets} "
+        f"{' (quick subset: one split per data set)' if res.quick else ''}; {len(res.splits)} splits, {n_targets} "
         f"held-out targets; wall time {res.wall_s:.0f} s.",
     ]
     if command:

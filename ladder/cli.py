@@ -535,6 +535,24 @@ def _load_table(source: str):
     return table
 
 
+TARGET_OPTIONS = {"params_active": "--params-active", "params_total": "--params-total", "tokens": "--tokens",
+                  "num_steps": "--num-steps", "total_flops": "--flops", "name": "--name", "lr": "--schedule/--peak-lr",
+                  "tokens_per_step": "--tokens / --num-steps"}
+
+
+def _target_option_error(error) -> str:
+    """A TargetSpec validation error as the command-line options that caused it, with the bad value."""
+    parts = []
+    for problem in error.errors():
+        field = str(problem["loc"][0]) if problem["loc"] else ""
+        option = TARGET_OPTIONS.get(field, field or "the target")
+        message = problem["msg"].removeprefix("Value error, ")
+        message = message[0].lower() + message[1:] if message else message
+        value = problem.get("input")
+        parts.append(f"{option} {value}: {message}" if not isinstance(value, (dict, list)) else f"{option}: {message}")
+    return "; ".join(parts) + " (describe the target with positive numbers)."
+
+
 def _forecasting_error(error: Exception) -> None:
     from forecasting.table import COLUMNS
 
@@ -685,8 +703,11 @@ def forecast(
                 _fail("with a table, describe the target: --params-active N --tokens D (and optionally --num-steps, --flops).")
             table = _load_table(source)
             lr = _schedule_values(schedule, peak_lr, num_steps, warmup, min_lr_fraction, decay_fraction)
-            spec = TargetSpec(name=name, params_active=params_active, params_total=params_total, tokens=tokens,
-                              num_steps=num_steps, total_flops=flops, tokens_per_step=tokens / num_steps if num_steps else None, lr=lr)
+            try:
+                spec = TargetSpec(name=name, params_active=params_active, params_total=params_total, tokens=tokens,
+                                  num_steps=num_steps, total_flops=flops, tokens_per_step=tokens / num_steps if num_steps else None, lr=lr)
+            except ValidationError as error:
+                _fail(_target_option_error(error))
             result = api.forecast_target(table, spec, method=method, n_bootstrap=n_bootstrap, seed=seed)
         else:
             from ladder.dag import DagError, TrainStep
@@ -749,7 +770,8 @@ def backtest(
     datasets: Optional[str] = typer.Option(None, "--datasets", help="With --suite: comma-separated data sets (default all)."),
     methods: Optional[str] = typer.Option(None, "--methods", help="With --suite: comma-separated methods (default every method + auto)."),
     n_bootstrap: int = typer.Option(20, "--n-bootstrap", help="With --suite: bootstrap refits per forecast."),
-    timeout: float = typer.Option(120.0, "--timeout", help="With --suite: seconds per forecast call before it counts as a timeout."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="With --suite: seconds per forecast call before it counts as a timeout (default 120; 5 with --quick)."),
+    budget: Optional[float] = typer.Option(None, "--budget", help="With --suite: seconds one method may spend on one data set, the rest skipped (default 600; 10 with --quick)."),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="With --suite: also write the report to this file."),
 ) -> None:
     """How wrong a method is on this ladder: fit the smaller runs (or a curve's prefix), predict the rest.
@@ -759,7 +781,7 @@ def backtest(
     from forecasting import api
 
     if suite:
-        _backtest_suite(quick, datasets, methods, n_bootstrap, timeout, markdown, as_json)
+        _backtest_suite(quick, datasets, methods, n_bootstrap, timeout, budget, markdown, as_json)
         return
     if source is None:
         _fail("give an experiment or a table of runs to backtest, or --suite for the public backtest suite.")
@@ -783,8 +805,8 @@ def backtest(
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-def _backtest_suite(quick: bool, datasets: str | None, methods: str | None, n_bootstrap: int, timeout: float,
-                    markdown: str | None, as_json: bool) -> None:
+def _backtest_suite(quick: bool, datasets: str | None, methods: str | None, n_bootstrap: int, timeout: float | None,
+                    budget: float | None, markdown: str | None, as_json: bool) -> None:
     from forecasting import suite as public_suite
 
     try:
@@ -794,7 +816,9 @@ def _backtest_suite(quick: bool, datasets: str | None, methods: str | None, n_bo
         splits = public_suite.all_splits(names, quick=quick)
     except ValueError as error:
         _fail(f"--datasets/--methods: {error}")
-    res = public_suite.run_suite(splits, chosen, n_bootstrap=n_bootstrap, timeout_s=timeout, quick=quick,
+    timeout = timeout if timeout is not None else (5.0 if quick else 120.0)
+    budget = budget if budget is not None else (10.0 if quick else 600.0)
+    res = public_suite.run_suite(splits, chosen, n_bootstrap=n_bootstrap, timeout_s=timeout, budget_s=budget, quick=quick,
                                  progress=None if as_json else (lambda line: err_console.print(line, markup=False, highlight=False)))
     text = public_suite.render_markdown(res, "ladder backtest --suite" + (" --quick" if quick else ""))
     if markdown:
