@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--datasets", default=None, help=f"comma-separated data sets (default: all of {','.join(suite.DATASETS)})")
     ap.add_argument("--n-bootstrap", type=int, default=20, help="bootstrap refits per forecast (default 20)")
     ap.add_argument("--timeout", type=float, default=None,
-                    help="seconds per forecast call before it counts as a timeout (default 120; 5 with --quick)")
+                    help="seconds per forecast call before it counts as a timeout (default 120; 10 with --quick)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds one method may spend on one data set, the rest skipped (default 600; 10 with --quick)")
     ap.add_argument("--points", default=None, help="write every scored point (CSV) here")
@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    timeout = args.timeout if args.timeout is not None else (5.0 if args.quick else 120.0)
+    timeout = args.timeout if args.timeout is not None else (10.0 if args.quick else 120.0)
     budget = args.budget if args.budget is not None else (10.0 if args.quick else 600.0)
     try:
         datasets = args.datasets.split(",") if args.datasets else list(suite.DATASETS)

@@ -770,7 +770,7 @@ def backtest(
     datasets: Optional[str] = typer.Option(None, "--datasets", help="With --suite: comma-separated data sets (default all)."),
     methods: Optional[str] = typer.Option(None, "--methods", help="With --suite: comma-separated methods (default every method + auto)."),
     n_bootstrap: int = typer.Option(20, "--n-bootstrap", help="With --suite: bootstrap refits per forecast."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="With --suite: seconds per forecast call before it counts as a timeout (default 120; 5 with --quick)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="With --suite: seconds per forecast call before it counts as a timeout (default 120; 10 with --quick)."),
     budget: Optional[float] = typer.Option(None, "--budget", help="With --suite: seconds one method may spend on one data set, the rest skipped (default 600; 10 with --quick)."),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="With --suite: also write the report to this file."),
 ) -> None:
@@ -816,7 +816,7 @@ def _backtest_suite(quick: bool, datasets: str | None, methods: str | None, n_bo
         splits = public_suite.all_splits(names, quick=quick)
     except ValueError as error:
         _fail(f"--datasets/--methods: {error}")
-    timeout = timeout if timeout is not None else (5.0 if quick else 120.0)
+    timeout = timeout if timeout is not None else (10.0 if quick else 120.0)
     budget = budget if budget is not None else (10.0 if quick else 600.0)
     res = public_suite.run_suite(splits, chosen, n_bootstrap=n_bootstrap, timeout_s=timeout, budget_s=budget, quick=quick,
                                  progress=None if as_json else (lambda line: err_console.print(line, markup=False, highlight=False)))
