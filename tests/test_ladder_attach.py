@@ -179,3 +179,47 @@ def test_attach_follows_a_wandb_run_while_the_client_writes_it(exp, tmp_path):
     written = read_lines(run_dir(exp, store.url, "q32") / "metrics.jsonl")
     assert [r["step"] for r in written if "eval/loss" in r] == eval_steps(exp, "q32")
     assert [r["step"] for r in written] == sorted({r["step"] for r in lines})
+
+
+def test_ctrl_c_leaves_the_status_true(exp, tmp_path):
+    import signal
+
+    store = Store(str(tmp_path / "store"))
+    source = tmp_path / "q32.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in metric_lines(exp, "q32") if r["step"] <= 70))
+    attach = subprocess.Popen([sys.executable, "-m", "ladder.cli", "attach", EXP, "q32", str(source), "--root", store.url,
+                               "--poll", "0.1", "--idle-timeout", "600"], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    directory = run_dir(exp, store.url, "q32")
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(_lines(directory)) < 2:
+            time.sleep(0.1)
+        attach.send_signal(signal.SIGINT)
+        out, err = attach.communicate(timeout=120)
+    finally:
+        if attach.poll() is None:
+            attach.kill()
+    assert attach.returncode == 130, err
+    assert "interrupted with Ctrl-C" in out and "Traceback" not in err
+    status = store.read_status(str(directory))
+    assert status["state"] == "interrupted" and status["lease"] is None
+    assert max(r["step"] for r in _lines(directory)) < 70  # the newest step stays held until the source moves on
+
+
+def test_a_growing_csv_is_read_from_where_it_stopped(tmp_path):
+    """Only the lines appended since the last poll are parsed; a line still being written waits for its newline."""
+    from ladder.importer import SourceReader
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,train/loss,eval/loss\n1,4.0,\n2,3.9,3.95\n3,3.")
+    reader = SourceReader(str(path))
+    assert reader.poll()["step"].tolist() == [1, 2]
+    assert reader.poll().empty
+    with open(path, "a") as handle:
+        handle.write("8,\n4,3.7,3.75\n")
+    new = reader.poll()
+    assert new["step"].tolist() == [3, 4] and new["train/loss"].tolist() == [3.8, 3.7]
+    assert reader.offset == path.stat().st_size
+    path.write_text("step,train/loss\n9,3.0\n")  # rewritten from scratch (shorter): read again from the start
+    assert reader.poll()["step"].tolist() == [9]

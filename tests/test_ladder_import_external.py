@@ -326,3 +326,21 @@ def test_the_wandb_reader_tolerates_a_partial_last_record(exp, tmp_path):
             growing.write_bytes(data[:cut])
             seen += reader.read()
         assert seen == whole and reader.finished and reader.exit_code == 0
+
+
+def test_sources_and_stores_on_fsspec_urls(exp, tmp_path):
+    """A parquet export on one fsspec filesystem imported into a store on another (memory:// here; gs:// alike)."""
+    import fsspec
+
+    from ladder.importer import import_source
+    from ladder.store import Store
+
+    frame = pd.DataFrame([r for r in metric_lines(exp, "q16")])
+    with fsspec.open("memory://exports/q16.parquet", "wb") as handle:
+        frame.to_parquet(handle)
+    store = Store("memory://ladder-import-external")
+    run, record = import_source(store, exp.dag, "q16", "memory://exports/q16.parquet")
+    assert record["format"] == "parquet" and record["state"] == "done" and record["source"] == "memory://exports/q16.parquet"
+    assert store.read_status(store.run_dir("q16", exp.dag.fingerprints["q16"]))["state"] == "done"
+    lines = store.fs.cat_file(f"{store.run_dir('q16', exp.dag.fingerprints['q16'])}/metrics.jsonl").decode().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == sorted(frame["step"].unique().tolist())
