@@ -344,3 +344,30 @@ def test_sources_and_stores_on_fsspec_urls(exp, tmp_path):
     assert store.read_status(store.run_dir("q16", exp.dag.fingerprints["q16"]))["state"] == "done"
     lines = store.fs.cat_file(f"{store.run_dir('q16', exp.dag.fingerprints['q16'])}/metrics.jsonl").decode().splitlines()
     assert [json.loads(line)["step"] for line in lines] == sorted(frame["step"].unique().tolist())
+
+
+@pytest.mark.parametrize("columns, loss_option, expected", [
+    ({"_step": "step", "eval/loss": "eval", "train/loss": "train", "throughput/total_tokens": "tokens",
+      "optim/learning_rate": "lr"}, None,  # Levanter / Marin
+     {"step": "_step", "eval/loss": "eval/loss", "train/loss": "train/loss", "tokens": "throughput/total_tokens",
+      "optim/learning_rate": "optim/learning_rate"}),
+    ({"step": "step", "eval/avg_loss": "eval", "learning/loss": "train", "learning/current_learning_rate": "lr"}, None,  # MaxText
+     {"step": "step", "eval/loss": "eval/avg_loss", "train/loss": "learning/loss", "optim/learning_rate": "learning/current_learning_rate"}),
+    ({"step": "step", "loss_metrics/global_avg_loss": "train", "lr": "lr"}, "loss_metrics/global_avg_loss",  # torchtitan
+     {"step": "step", "eval/loss": "loss_metrics/global_avg_loss", "optim/learning_rate": "lr"}),
+    ({"global_step": "step", "eval/lm/c4_en-validation/CE loss": "eval", "train/CE loss": "train",
+      "throughput/total tokens": "tokens", "optim/LR (group 0)": "lr"}, None,  # OLMo-core
+     {"step": "global_step", "eval/loss": "eval/lm/c4_en-validation/CE loss", "train/loss": "train/CE loss",
+      "tokens": "throughput/total tokens", "optim/learning_rate": "optim/LR (group 0)"}),
+])
+def test_other_trainers_names_map_to_ours(columns, loss_option, expected):
+    from forecasting.external import external_rows
+
+    values = {"step": [10, 20, 30], "eval": [3.0, float("nan"), 2.8], "train": [3.1, 3.0, 2.9], "tokens": [1e4, 2e4, 3e4],
+              "lr": [1e-3, 1e-3, 9e-4]}
+    frame = pd.DataFrame({name: values[kind] for name, kind in columns.items()})
+    rows, mapping = external_rows(frame, source="x.csv", loss=loss_option)
+    assert mapping.columns == expected
+    assert rows["step"].tolist() == [10, 20, 30]
+    if loss_option is None:
+        assert rows["eval/loss"].isna().tolist() == [False, True, False]  # sparse: the missing eval stays missing
