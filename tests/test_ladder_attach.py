@@ -35,10 +35,13 @@ from tests.test_ladder_import_external import (
 runner = CliRunner()
 DEPART = 0.6
 WRITER = """
-import json, sys, time
-lines, out, delay = json.load(open(sys.argv[1])), sys.argv[2], float(sys.argv[3])
+import json, os, sys, time
+lines, out, delay, go = json.load(open(sys.argv[1])), sys.argv[2], float(sys.argv[3]), sys.argv[4]
 with open(out, "a") as handle:
-    for line in lines:
+    for index, line in enumerate(lines):
+        if index == len(lines) // 2:
+            while not os.path.exists(go):  # the second half waits until the test has looked at the live run
+                time.sleep(0.05)
         handle.write(json.dumps(line) + "\\n")
         handle.flush()
         if "eval/loss" in line:
@@ -78,7 +81,8 @@ def test_an_attached_run_gets_the_overlay_refits_and_alerts(exp, forecast_root):
     source = root / "hero_metrics.jsonl"
     source.write_text("")
     attach = subprocess.Popen(_attach_command(store, source), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root / "hero_lines.json"), str(source), "0.15"])
+    go = root / "go"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root / "hero_lines.json"), str(source), "0.15", str(go)])
     directory = run_dir(exp, store.url, HERO)
     try:
         # while it runs, the step is a live run of ours: running, held, and `ladder watch` shows its evals
@@ -89,8 +93,10 @@ def test_an_attached_run_gets_the_overlay_refits_and_alerts(exp, forecast_root):
         assert {r["name"]: r["state"] for r in status}[HERO] == "running"
         watch = runner.invoke(app, ["watch", EXP, HERO, "--root", store.url, "--once"], env={"COLUMNS": "200"})
         assert watch.exit_code == 0 and "predicted" in watch.output, watch.output
+        go.touch()
         out, err = attach.communicate(timeout=240)
     finally:
+        go.touch()
         writer.wait(timeout=60)
         if attach.poll() is None:
             attach.kill()
