@@ -144,16 +144,31 @@ def read_table_file(path: str) -> pd.DataFrame:
     A file without a run column is one run named after the file.
     """
     suffix = PurePosixPath(path).suffix.lower()
-    with fsspec.open(path, "rb") as f:
-        if suffix in (".parquet", ".pq"):
-            df = pd.read_parquet(f)
-        elif suffix in (".csv", ".tsv", ".txt"):
-            df = pd.read_csv(f, sep="\t" if suffix == ".tsv" else ",")
-        else:
-            raise TableError(f"unknown table format {suffix!r} for {path}; use .csv or .parquet")
+    try:
+        with fsspec.open(path, "rb") as f:
+            if suffix in (".parquet", ".pq"):
+                df = pd.read_parquet(f)
+            elif suffix in (".csv", ".tsv", ".txt"):
+                df = pd.read_csv(f, sep="\t" if suffix == ".tsv" else ",")
+            else:
+                raise TableError(f"unknown table format {suffix!r} for {path}; use .csv or .parquet")
+    except TableError:
+        raise
+    except FileNotFoundError:
+        raise TableError(f"{path} does not exist; give the path of a .csv or .parquet table of runs.") from None
+    except Exception as error:  # pandas / pyarrow parse errors: say which file, in one sentence
+        raise TableError(_unreadable_table(path, suffix, error)) from None
     from forecasting.external import tidy_table  # other trainers' names; sparse W&B exports aligned by step
 
     return validate_table(tidy_table(df, PurePosixPath(path).stem))
+
+
+def _unreadable_table(path: str, suffix: str, error: Exception) -> str:
+    if isinstance(error, pd.errors.EmptyDataError):
+        return f"{path} is empty (no header row); a table of runs needs columns such as run,step,loss."
+    kind = "parquet" if suffix in (".parquet", ".pq") else "CSV"
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0].replace(" input source '<Buffer>'", "")
+    return f"{path} is not a readable {kind} file ({reason}); export the table of runs as .csv or .parquet."
 
 
 def from_records(records: Sequence[Mapping] | pd.DataFrame, **constants: float | str) -> pd.DataFrame:

@@ -39,7 +39,9 @@ RootOption = typer.Option(None, "--root", help="Artifact root: a folder or fsspe
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
-    err_console.print(f"[red]error:[/red] {message}")
+    from rich.markup import escape
+
+    err_console.print(f"[red]error:[/red] {escape(message)}")  # a message's [brackets] are text, not markup
     raise typer.Exit(code)
 
 
@@ -542,15 +544,16 @@ TARGET_OPTIONS = {"params_active": "--params-active", "params_total": "--params-
 
 def _target_option_error(error) -> str:
     """A TargetSpec validation error as the command-line options that caused it, with the bad value."""
+    from ladder.spec import short_message
+
     parts = []
     for problem in error.errors():
         field = str(problem["loc"][0]) if problem["loc"] else ""
         option = TARGET_OPTIONS.get(field, field or "the target")
-        message = problem["msg"].removeprefix("Value error, ")
-        message = message[0].lower() + message[1:] if message else message
         value = problem.get("input")
-        parts.append(f"{option} {value}: {message}" if not isinstance(value, (dict, list)) else f"{option}: {message}")
-    return "; ".join(parts) + " (describe the target with positive numbers)."
+        shown = f" {value:g}" if isinstance(value, float) else f" {value}" if isinstance(value, (int, str)) else ""
+        parts.append(f"{option}{shown} {short_message(problem)}" if shown else f"{option}: {short_message(problem)}")
+    return "; ".join(parts) + "."
 
 
 def _forecasting_error(error: Exception) -> None:
@@ -693,6 +696,8 @@ def forecast(
 ) -> None:
     """Forecast a run's whole loss curve and final loss with a band; with an experiment, store it as a new version
     (only when the inputs, method or options changed: otherwise it says which stored version it equals)."""
+    from pydantic import ValidationError
+
     from forecasting import api
     from forecasting.forecast import TargetSpec
 

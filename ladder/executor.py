@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable
 from ladder.dag import DAG, FitStep, FunctionStep, Step, TrainStep
 from ladder.gang import run_gang, uses_gang
 from ladder.spec import SPEC_FORMAT_VERSION, ResourceSpec
-from ladder.store import Heartbeat, Store, StoreError, lease_ttl_seconds, new_owner_id
+from ladder.store import Heartbeat, Store, StoreError, holder_is_gone, lease_ttl_seconds, new_owner_id
 
 PLAN_STATES = ("done", "running", "failed", "pending", "blocked")
 
@@ -122,6 +122,8 @@ def _classify_state(status: dict[str, Any] | None, now: float, ttl: float) -> tu
     if state == "running":
         lease = status.get("lease") or {}
         age = now - lease.get("heartbeat", 0)
+        if holder_is_gone(lease):
+            return "pending", f"interrupted: holder {lease.get('owner')} (pid {lease.get('pid')} on this host) is gone; resumes"
         if lease and age < ttl:
             return "running", f"held by {lease.get('owner')} (heartbeat {age:.0f}s ago)"
         return "pending", f"interrupted: holder {lease.get('owner', '?')} silent for {age:.0f}s; resumes"
@@ -516,6 +518,9 @@ def run(
             state[name] = "pending"  # re-derived below from this run's view of its inputs
         if row.state == "done":
             report.skipped.append(name)
+        if row.state == "failed" and not retry_failed:
+            why = " ".join(((row.status or {}).get("last_error") or row.detail or "no error recorded").split())
+            log(f"[failed] {name} failed before: {why}. It is not run again unless you pass --retry-failed.")
     _propagate_blocked(dag, wanted, state)
 
     needs_ray = any(state[n] in ("pending", "running") for n in wanted)

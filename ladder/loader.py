@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -43,7 +44,7 @@ class Experiment:
 def load_experiment(ref: str) -> Experiment:
     """Load by path (`experiments/foo.py`) or by module name (`experiments.foo`)."""
     module = _import(ref)
-    steps = _collect_steps(module)
+    steps = _collect_steps(module, ref)
     if not steps:
         raise ExperimentError(
             f"{ref} defines no steps at module level; build TrainStep/FitStep/FunctionStep objects "
@@ -78,7 +79,9 @@ def _import(ref: str) -> ModuleType:
     except ExperimentError:
         raise
     except ValidationError as error:
-        raise ExperimentError(f"{ref} builds an invalid spec:\n{explain_validation_error(error)}") from None
+        where = _line_in(error, os.path.abspath(ref) if is_path else None)
+        problems = "; ".join(explain_validation_error(error).splitlines())
+        raise ExperimentError(f"{ref}{where} builds an invalid spec: {problems}") from None
     except DagError as error:
         raise ExperimentError(f"{ref}: {error}") from None
     except ModuleNotFoundError as error:
@@ -89,6 +92,15 @@ def _import(ref: str) -> ModuleType:
         raise ExperimentError(f"{ref} raised while being loaded: {type(error).__name__}: {error}") from error
 
 
+def _line_in(error: BaseException, path: str | None) -> str:
+    """' line N' of the experiment file where `error` was raised (its last frame in that file), else ''."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if path is None or os.path.abspath(f.filename) == path]
+    if path is None:
+        frames = [f for f in frames if "site-packages" not in f.filename and "/ladder/" not in f.filename
+                  and "/trainer/" not in f.filename]
+    return f" line {frames[-1].lineno}" if frames else ""
+
+
 def _pickle_by_value(module: ModuleType) -> None:
     """Functions defined in a file loaded by path are not importable on Ray workers: ship them by value."""
     from ray import cloudpickle
@@ -96,8 +108,23 @@ def _pickle_by_value(module: ModuleType) -> None:
     cloudpickle.register_pickle_by_value(module)
 
 
-def _collect_steps(module: ModuleType) -> list[Step]:
+def _collect_steps(module: ModuleType, ref: str) -> list[Step]:
     explicit = getattr(module, "STEPS", None)
+    if explicit is not None:
+        items = list(explicit.values()) if isinstance(explicit, dict) else explicit
+        if isinstance(items, Step):
+            items = [items]
+        if not isinstance(items, (list, tuple)):
+            raise ExperimentError(
+                f"{ref}: STEPS must be a list of steps, got {type(explicit).__name__} ({explicit!r:.60}); "
+                "e.g. STEPS = [rung_a, rung_b, fit, hero], or remove STEPS to collect every module-level step."
+            )
+        for index, item in enumerate(items):
+            if not isinstance(item, (Step, list, tuple)):
+                raise ExperimentError(
+                    f"{ref}: STEPS[{index}] is a {type(item).__name__} ({item!r:.60}), not a step; STEPS lists "
+                    "TrainStep/FitStep/FunctionStep objects."
+                )
     candidates = [explicit] if explicit is not None else list(vars(module).values())
     found: list[Step] = []
     seen: set[int] = set()

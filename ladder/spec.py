@@ -14,8 +14,11 @@ accounting module, so the plan, the forecaster and the trainer can never disagre
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import json
+import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -187,13 +190,115 @@ def fingerprint(payload: Any) -> str:
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
-def explain_validation_error(error: ValidationError, where: str = "spec") -> str:
-    """One sentence per problem, naming the field path and pydantic's message (which says the fix)."""
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field annotation holds (unwrapping Optional, list[...], dict[..., ...])."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_places() -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Where each config class sits in an ExperimentSpec ('TrainConfig' -> 'train', 'MoEConfig' -> 'model.moe'),
+    and every field name's places ('learning_rate' -> ['optimizer.learning_rate'])."""
+    places: dict[str, str] = {"ExperimentSpec": "", "TrainJob": ""}
+    fields: dict[str, list[str]] = {}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            place = f"{prefix}.{name}" if prefix else name
+            fields.setdefault(name, []).append(place)
+            many = typing.get_origin(info.annotation) in (list, tuple) or any(
+                typing.get_origin(a) in (list, tuple) for a in typing.get_args(info.annotation))
+            for sub in _models_in(info.annotation):
+                if sub.__name__ not in places:
+                    places[sub.__name__] = place + ("[i]" if many else "")
+                    walk(sub, places[sub.__name__])
+
+    walk(ExperimentSpec, "")
+    return places, fields
+
+
+def _model_at(root: type[BaseModel] | None, loc: tuple) -> type[BaseModel] | None:
+    """The model class that holds the last element of `loc`, starting from `root`."""
+    model = root
+    for part in loc[:-1]:
+        if model is None:
+            return None
+        if isinstance(part, int) or part not in model.model_fields:
+            continue  # a list index or a dict key
+        subs = _models_in(model.model_fields[part].annotation)
+        model = subs[0] if subs else None
+    return model
+
+
+def short_message(problem: dict[str, Any]) -> str:
+    kind, ctx = problem["type"], problem.get("ctx") or {}
+    bounds = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
+              "less_than_equal": ("le", "<=")}
+    if kind in bounds:
+        key, sign = bounds[kind]
+        bound = ctx.get(key)
+        return f"must be {sign} {bound:g}" if isinstance(bound, (int, float)) else f"must be {sign} {bound}"
+    if kind == "missing":
+        return "is required"
+    message = problem["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if message.startswith("Input should be "):
+        message = "must be " + message.removeprefix("Input should be ")
+    return message
+
+
+def explain_validation_error(error: ValidationError, where: str | None = None) -> str:
+    """One sentence per problem, naming the field by its place in the spec and echoing the bad value:
+    ``train.tokens=-5 must be > 0``, ``model.num_head: unknown field; did you mean num_heads?``.
+
+    The place comes from the model that failed (a TrainConfig built on its own is ``train``); `where`
+    names the place instead (e.g. "schedule" for command-line options)."""
+    places, fields = _spec_places()
+    title = getattr(error, "title", "")
+    base = where if where is not None else places.get(title, title)
+    root = _spec_classes().get(title)
     lines = []
     for problem in error.errors():
-        path = ".".join(str(p) for p in problem["loc"]) or where
-        message = problem["msg"].removeprefix("Value error, ")
+        loc = tuple(problem["loc"])
+        path = base
+        for part in loc:
+            path = f"{path}[{part}]" if isinstance(part, int) else (f"{path}.{part}" if path else str(part))
+        path = path or "spec"
         if problem["type"] == "extra_forbidden":
-            message = "unknown field; remove it or check its spelling against `ladder schema`"
-        lines.append(f"{where}.{path}: {message}" if path != where else f"{where}: {message}")
+            name = str(loc[-1]) if loc else ""
+            model = _model_at(root, loc)
+            known = list(model.model_fields) if model is not None else []
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            elsewhere = [p for p in fields.get(name, []) if p != path]
+            if close:
+                hint = f"did you mean {close[0]}?"
+            elif elsewhere:
+                hint = f"it belongs in {' or '.join(elsewhere)}"
+            else:
+                hint = "remove it or check its spelling"
+            lines.append(f"{path}: unknown field; {hint} (`ladder schema` lists every field)")
+            continue
+        message = short_message(problem)
+        value = problem.get("input")
+        scalar = isinstance(value, (int, float, str, bool)) or value is None
+        if problem["type"].startswith(("value_error", "assertion_error")) or problem["type"] == "missing" or not scalar:
+            lines.append(f"{path}: {message}" if problem["type"] != "missing" else f"{path} {message}")
+        else:
+            lines.append(f"{path}={value!r} {message}")
     return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_classes() -> dict[str, type[BaseModel]]:
+    classes: dict[str, type[BaseModel]] = {"ExperimentSpec": ExperimentSpec, "TrainJob": TrainJob}
+
+    def walk(model: type[BaseModel]) -> None:
+        for info in model.model_fields.values():
+            for sub in _models_in(info.annotation):
+                if sub.__name__ not in classes:
+                    classes[sub.__name__] = sub
+                    walk(sub)
+
+    walk(ExperimentSpec)
+    return classes

@@ -40,6 +40,25 @@ def lease_ttl_seconds() -> float:
     return float(os.environ.get("LADDER_LEASE_TTL", "60"))
 
 
+def holder_is_gone(lease: dict[str, Any] | None) -> bool:
+    """True when the lease was taken on this host by a process that no longer exists (its pid is gone):
+    a takeover need not wait out the TTL. Another host's holder can only be judged by its heartbeat."""
+    if not lease or lease.get("host") != socket.gethostname() or not isinstance(lease.get("pid"), int):
+        return False
+    try:
+        os.kill(lease["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
+def lease_is_live(lease: dict[str, Any] | None, now: float, ttl: float) -> bool:
+    """A lease whose heartbeat is younger than `ttl` and whose holder is not known to be gone."""
+    return bool(lease) and now - lease.get("heartbeat", 0) < ttl and not holder_is_gone(lease)
+
+
 def new_owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -270,12 +289,13 @@ class Store:
             if status.get("state") == "done":
                 result.update(acquired=False)
                 return
-            if lease and lease.get("owner") != owner and now - lease.get("heartbeat", 0) < ttl:
+            if lease and lease.get("owner") != owner and lease_is_live(lease, now, ttl):
                 result.update(acquired=False, holder=lease["owner"], age=now - lease["heartbeat"])
                 return
             if lease and lease.get("owner") != owner:
                 status.setdefault("history", []).append(
-                    {"event": "lease_taken_over", "from": lease.get("owner"), "stale_for": now - lease.get("heartbeat", 0), "at": now}
+                    {"event": "lease_taken_over", "from": lease.get("owner"), "stale_for": now - lease.get("heartbeat", 0), "at": now,
+                     **({"reason": f"pid {lease.get('pid')} on {lease.get('host')} is gone"} if holder_is_gone(lease) else {})}
                 )
             status["lease"] = {"owner": owner, "heartbeat": now, "acquired_at": now, "host": socket.gethostname(), "pid": os.getpid()}
             status.pop("rebuilt", None)  # a new attempt: the rebuild stays in history only

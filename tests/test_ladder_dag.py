@@ -80,7 +80,7 @@ def test_loader_errors_are_clear(tmp_path):
         "d = tiny_spec().model_dump(); d['model']['num_heads'] = 3\n"
         "spec = ExperimentSpec.model_validate(d)\n"
     )
-    with pytest.raises(ExperimentError, match=r"invalid spec:\nspec.model: num_heads=3 does not divide hidden_dim=32"):
+    with pytest.raises(ExperimentError, match=r"bad.py line 4 builds an invalid spec: model: num_heads=3 does not divide hidden_dim=32"):
         load_experiment(str(bad))
     with pytest.raises(ExperimentError, match="no experiment module named"):
         load_experiment("experiments.does_not_exist")

@@ -33,7 +33,7 @@ def test_top_k_cannot_exceed_experts():
 @pytest.mark.parametrize("tokens", [0, -5])
 def test_tokens_must_be_positive(tokens):
     text = _error_text(lambda: TrainConfig(tokens=tokens))
-    assert text.startswith("spec.tokens:") and "greater than 0" in text
+    assert text == f"train.tokens={tokens} must be > 0"  # its place in the spec, the bad value, the bound
 
 
 def test_mixture_weights_must_sum_to_one():
@@ -45,7 +45,7 @@ def test_unknown_field_is_named():
     base = tiny_spec().model_dump()
     base["train"]["learning_rate"] = 1e-3
     text = _error_text(lambda: ExperimentSpec.model_validate(base))
-    assert "spec.train.learning_rate: unknown field" in text
+    assert "train.learning_rate: unknown field; it belongs in optimizer.learning_rate" in text
 
 
 def test_batch_larger_than_budget():
