@@ -8,17 +8,24 @@ Layout (README.md, "Where things go"):
 `status.json` is the single source of truth about a step. Every change to it is a guarded
 read-modify-write followed by an atomic replace, so a reader never sees half a file and two
 writers never lose each other's update. The guard is a file lock on local disks, a process lock
-for `memory://`, and write-then-verify on object stores (which have no locks; a lease there is
-best effort, as it is in Marin's GCS executor).
+for `memory://`, and on object stores a lock object created only if absent (`pipe_file(mode="create")`:
+a conditional write at the server on S3 and GCS through s3fs/gcsfs, fsspec's check-then-write
+elsewhere), followed by write-then-verify of the lease. A lease there is still best effort: a lock
+object older than 30 s is taken for a crashed holder's and broken, and clocks must roughly agree.
+
+An unreadable status.json never breaks more than its step: it reads as the status rebuilt from the
+run directory (`rebuild_status`), and the next write moves it aside and writes the rebuilt one.
 
 A lease is the right to run a step. Its holder writes a heartbeat every `ttl / 4` seconds; a
 lease whose heartbeat is older than `ttl` belongs to a dead process and may be taken over. That
-is what makes a SIGKILLed submitter harmless: the next submitter waits out the TTL and resumes.
+is what makes a SIGKILLed submitter harmless: the next submitter waits out the TTL and resumes, at
+once when the lease was taken on this host by a pid that no longer exists (`holder_is_gone`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import socket
@@ -32,6 +39,7 @@ import fsspec
 from filelock import FileLock
 
 DEFAULT_ROOT = "ladder-runs"
+OBJECT_LOCK_STALE_S = 30.0  # a guarded read-modify-write takes well under a second; older lock objects are dead
 STATES = ("pending", "running", "done", "failed", "interrupted")
 
 
@@ -43,6 +51,8 @@ def lease_ttl_seconds() -> float:
 def holder_is_gone(lease: dict[str, Any] | None) -> bool:
     """True when the lease was taken on this host by a process that no longer exists (its pid is gone):
     a takeover need not wait out the TTL. Another host's holder can only be judged by its heartbeat."""
+    if os.environ.get("LADDER_LEASE_PID_CHECK", "1") == "0":  # e.g. containers that share a hostname, not a pid space
+        return False
     if not lease or lease.get("host") != socket.gethostname() or not isinstance(lease.get("pid"), int):
         return False
     try:
@@ -102,6 +112,9 @@ class Store:
         self.is_local = self.fs.protocol in ("file", "local") or "file" in tuple(self.fs.protocol)
         self.root = os.path.abspath(path) if self.is_local else path
         self.is_memory = "memory" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        # how a read-modify-write is guarded: a file lock, a process lock (memory:// lives in one process), or
+        # a lock object created only if absent (object stores; see conditional_create)
+        self.locking = "file" if self.is_local else "process" if self.is_memory else "object"
 
     # ------------------------------------------------------------------ paths
 
@@ -183,11 +196,62 @@ class Store:
             self.fs.pipe_file(path, data)
             return True
 
+    def conditional_create(self) -> bool:
+        """True when this filesystem creates an object only-if-absent at the server (fsspec's
+        ``pipe_file(mode="create")`` implemented by the backend: s3fs sends If-None-Match: *, gcsfs
+        ifGenerationMatch=0). False means fsspec's own check-then-write, which two writers can race."""
+        from fsspec.asyn import AsyncFileSystem
+        from fsspec.spec import AbstractFileSystem
+
+        own = getattr(type(self.fs), "_pipe_file", None) or type(self.fs).pipe_file
+        if own in (AbstractFileSystem.pipe_file, AsyncFileSystem._pipe_file):
+            return False  # no backend implementation: fsspec checks, then writes
+        try:
+            return "mode" in inspect.signature(own).parameters
+        except (TypeError, ValueError):
+            return False
+
+    @contextlib.contextmanager
+    def _object_lock(self, path: str) -> Iterator[None]:
+        """Hold `path.lock`, an object created only if absent; a lock older than OBJECT_LOCK_STALE_S is
+        a crashed holder's and is broken. Best effort where the store has no conditional create."""
+        lock = f"{path}.lock"
+        token = uuid.uuid4().hex
+        deadline = time.time() + 60
+        while True:
+            body = json.dumps({"token": token, "owner": f"{socket.gethostname()}:{os.getpid()}", "at": time.time()}).encode()
+            try:
+                self.fs.pipe_file(lock, body, mode="create")
+                break
+            except FileExistsError:
+                try:
+                    held_since = float(json.loads(self.fs.cat_file(lock)).get("at", 0))
+                except (FileNotFoundError, ValueError, AttributeError):
+                    held_since = time.time()  # just released, or being written: try again
+                if time.time() - held_since > OBJECT_LOCK_STALE_S:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm(lock)
+                    continue
+                if time.time() > deadline:
+                    raise StoreError(
+                        f"{self.url_of(lock)} has been held for over 60 s; if no ladder process is writing this step, delete it."
+                    ) from None
+                time.sleep(0.05 + 0.1 * (uuid.uuid4().int % 100) / 100)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                if json.loads(self.fs.cat_file(lock)).get("token") == token:
+                    self.fs.rm(lock)
+
     @contextlib.contextmanager
     def _guard(self, path: str) -> Iterator[None]:
-        if self.is_local:
+        if self.locking == "file":
             self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             with FileLock(f"{path}.lock", timeout=60):
+                yield
+        elif self.locking == "object":
+            with self._object_lock(path):
                 yield
         else:
             with _MEMORY_LOCKS_GUARD:

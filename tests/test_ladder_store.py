@@ -100,3 +100,39 @@ def test_corrupt_status_is_a_clear_error(tmp_path):
         store.read_json(store.status_path(run_dir))
     # read_status rebuilds it from the run directory and names the file (tests/test_ladder_corrupt_status.py)
     assert store.read_status(run_dir)["unreadable"]["path"] == store.status_path(run_dir)
+
+
+def _object_locked_store():
+    """A memory:// store guarded the way object stores are: a lock object created only if absent."""
+    store = Store(f"memory://objlock-{time.time_ns()}")
+    store.locking = "object"
+    return store
+
+
+def test_object_store_guard_waits_for_a_live_lock_object_and_breaks_a_stale_one():
+    import json as json_lib
+
+    store = _object_locked_store()
+    assert store.conditional_create(), "memory:// implements pipe_file(mode='create')"
+    run_dir = store.run_dir("step", "f" * 64)
+    lock = f"{store.status_path(run_dir)}.lock"
+    store.update_status(run_dir, lambda s: s.update(state="pending"))
+    assert not store.exists(lock), "the lock object is removed after the write"
+
+    store.fs.pipe_file(lock, json_lib.dumps({"token": "other", "at": time.time()}).encode())
+    release = threading.Timer(0.5, lambda: store.fs.rm(lock))
+    release.start()
+    started = time.time()
+    store.update_status(run_dir, lambda s: s.update(state="running"))
+    release.join()
+    assert time.time() - started >= 0.4, "a live lock object is waited for"
+    assert store.read_status(run_dir)["state"] == "running"
+
+    store.fs.pipe_file(lock, json_lib.dumps({"token": "crashed", "at": time.time() - 3600}).encode())
+    store.update_status(run_dir, lambda s: s.update(state="done"))  # would wait 60 s if the stale lock were honoured
+    assert store.read_status(run_dir)["state"] == "done" and not store.exists(lock)
+
+
+def test_a_local_folder_has_no_conditional_create_and_uses_a_file_lock(tmp_path):
+    store = Store(str(tmp_path))
+    assert store.locking == "file" and not store.conditional_create()
