@@ -527,7 +527,11 @@ def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: 
     try:
         res = bt.backtest_matched_progress(table)
         backtests.append(res)
-        sig["compute_extrapolation"] = np.full_like(pred, res.rate * decades)
+        try:
+            rate_g = bt.matched_progress_rate_by_fraction(table, g)
+        except FitError:
+            rate_g = np.full_like(pred, res.rate)
+        sig["compute_extrapolation"] = rate_g * decades
     except FitError as e:
         warn.append(f"no compute backtest possible ({e}); the band omits the extrapolation term and is too narrow")
     rate_g = early_extension_error(table, fit)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
+from scipy.ndimage import maximum_filter1d
 
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult
@@ -76,6 +77,39 @@ def backtest_matched_progress(table: pd.DataFrame, *, min_runs: int = 3) -> Back
         held.append(runs[k])
         final = (runs[k], float(pred[-1]), float(target["loss"].iloc[-1]))
     return _summarise("matched_progress", "compute", held, rel, dist, final)
+
+
+def matched_progress_rate_by_fraction(table: pd.DataFrame, grid: np.ndarray, *, min_runs: int = 3) -> np.ndarray:
+    """Error per decade of compute of matched progress at each fraction in `grid`, from the same backtest.
+
+    Why per fraction: on a ladder whose rungs differ a lot in steps, matched progress can be right at the
+    end and wrong mid-run (the small rungs' early curves are step-limited); one rate for the whole curve
+    would make the mid-run band too narrow. Each held-out run's relative error is interpolated at the grid
+    fractions it reached; the rate at g is sqrt(sum e_g^2 / sum d^2), then the largest of its neighbours'.
+    """
+    comp = run_compute(table)
+    runs = list(comp.index)
+    if len(runs) < min_runs + 1:
+        raise FitError(f"a per-fraction backtest of matched progress needs at least {min_runs + 1} runs; got {len(runs)}")
+    num = np.zeros(len(grid))
+    den = np.zeros(len(grid))
+    all_e, all_d = [], []
+    for k in range(min_runs, len(runs)):
+        fit = fit_profiled(table[table["run"].isin(runs[:k])], min_runs=min_runs)
+        target = table[table["run"] == runs[k]].sort_values("step")
+        g = target["fraction"].to_numpy()
+        rel = fit.predict(g, float(comp.iloc[k])) / target["loss"].to_numpy() - 1
+        d = max(float(np.log10(comp.iloc[k] / comp.iloc[k - 1])), 0.05)
+        inside = (grid >= g.min() - 1e-9) & (grid <= g.max() + 1e-9)
+        e_grid = np.interp(np.log(grid[inside]), np.log(g), rel)
+        num[inside] += e_grid**2
+        den[inside] += d**2
+        all_e.extend(rel)
+        all_d.extend([d] * len(rel))
+    whole = float(np.sqrt(np.sum(np.square(all_e)) / np.sum(np.square(all_d))))
+    rate = np.where(den > 0, np.sqrt(num / np.maximum(den, 1e-300)), whole)
+    # a fraction takes the worst rate of its neighbours (two grid cells either side): one lucky cell is no evidence
+    return maximum_filter1d(rate, size=5, mode="nearest")
 
 
 def _final_points(table: pd.DataFrame) -> pd.DataFrame:

@@ -387,16 +387,18 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "
                     f"{PRIOR_RATE:.0%} per decade of distance ({d_target:.2f} here)")
     T = target.steps()
-    steps = api._curve_steps(T, np.arange(1, 21) * 0.05) if T > 1 else np.array([1])
     offsets = schedule_offsets(table, model) if T > 1 else None
-    if T > 1 and offsets is None:
-        warn.append("no rung has a whole curve: the curve before the final step is the law at the tokens seen, "
-                    "without the schedule's offset")
+    if offsets is None:
+        steps = np.array([T])  # no rung curve to learn the schedule's shape from: the final point only
+    else:
+        first = max(float(offsets.grid[0]) / 2, 1.0 / T)  # no further below the rungs' first eval than half its fraction
+        steps = api._curve_steps(T, np.arange(1, 21) * 0.05)
+        steps = steps[steps >= first * T - 1e-9]
     pred, shape = curve_prediction(model, target, steps, offsets)
-    pred = pred * point / pred[-1] if T == 1 else pred
     rel = {k: np.full(len(steps), v) for k, v in sig.items()}
     rel["schedule_shape"] = shape
-    lo, hi, total = api._band(pred, rel)
+    total = np.sqrt(sum(np.square(v) for v in rel.values()))
+    lo, hi = pred * np.exp(-Z95 * total), pred * np.exp(Z95 * total)  # in log space: a wide band stays positive
     if tokens_per_param_spread(final) < 0.05 and law != "compute":
         warn.append("tokens per parameter do not vary across the runs: the D/N direction is not identified by this ladder")
     params = {k: percentile_interval(np.array(v), model.params[k]) for k, v in samples.items()}
