@@ -608,6 +608,12 @@ def _no_interval(v: float) -> Interval:
     return Interval(value=float(v), lo=float("-inf"), hi=float("inf"))
 
 
+def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_bootstrap: int = 50, seed: int = 0) -> dict:
+    """The loss-optimal N and D for the target's compute (with intervals) and how far the target sits from it;
+    see forecasting.final_laws.optimal_allocation. {"available": False, "reason": ...} when no (N, D) law fits."""
+    return fl.optimal_allocation(validate_table(table), target, n_boot=n_bootstrap, seed=seed)
+
+
 # ---------------------------------------------------------------- refits
 
 

@@ -408,3 +408,82 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         final_loss_hi=float(hi[-1]), law=model.formula, params=params, backtest=backtests,
         band_terms=sig | {"distance": d_target, "total": float(total[-1])}, warnings=warn,
     )
+
+
+# ---------------------------------------------------------------- compute-optimal allocation
+
+ALLOCATION_LAWS = ("overtrain", "chinchilla", "farseer", "moe")
+
+
+def _allocate(model: FinalModel, c6: float, sparsity: float, unique: float | None) -> dict:
+    """Loss-optimal (N, D) at C = 6ND under `model`: a grid over tokens per parameter, refined around the best."""
+    ratios = np.geomspace(0.5, 1e5, 600)
+    for _ in range(2):
+        n = np.sqrt(c6 / (6 * ratios))
+        pts = {"params_active": n, "tokens": c6 / (6 * n), "params_total": n * sparsity, "flops": np.full_like(n, c6)}
+        if unique is not None:
+            pts["unique_tokens"] = np.full_like(n, unique)
+        loss = model.predict(pts)
+        i = int(np.nanargmin(loss))
+        edge = i in (0, len(ratios) - 1)
+        ratios = np.geomspace(ratios[max(i - 2, 0)], ratios[min(i + 2, len(ratios) - 1)], 200)
+    return {"params_opt": float(n[i]), "tokens_opt": float(c6 / (6 * n[i])), "tokens_per_param": float(ratios[0] if edge else c6 / (6 * n[i]) / n[i]),
+            "loss_opt": float(loss[i]), "at_grid_edge": bool(edge)}
+
+
+def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int = 50, seed: int = 0) -> dict:
+    """For the target's compute budget (6ND of its N and D), the loss-optimal N and D under the (N, D) law that
+    backtests best on this ladder, with bootstrap intervals, and how far the declared target sits from it.
+
+    Sparsity is held at the target's total/active ratio (the moe law would always prefer more total parameters
+    without a cost for them, so it is not optimised here)."""
+    final = final_points(table)
+    scored = []
+    for law in ALLOCATION_LAWS:
+        if applicable(law, final):
+            continue
+        try:
+            scored.append((backtest_law(law, final).rate, law))
+        except FitError:
+            continue
+    if not scored:
+        usable = [law for law in ALLOCATION_LAWS if not applicable(law, final)]
+        if not usable:
+            reasons = "; ".join(f"{law}: {applicable(law, final)}" for law in ALLOCATION_LAWS)
+            return {"available": False, "reason": f"no law in N and D can be fitted to this ladder ({reasons})"}
+        scored = [(float("nan"), usable[0])]
+    rate, law = min(scored, key=lambda x: (np.nan_to_num(x[0], nan=np.inf), ALLOCATION_LAWS.index(x[1])))
+    model = _cached(("fit", law, _key(final)), lambda: fit_final(law, final))
+    c6 = 6.0 * target.params_active * target.tokens
+    sparsity = (target.params_total or target.params_active) / target.params_active
+    best = _allocate(model, c6, sparsity, target.unique_tokens)
+    reps, kind = _cached(("replicates", law, _key(final), n_boot, seed), lambda: replicates(law, final, model, n_boot, seed))
+    draws = [_allocate(r, c6, sparsity, target.unique_tokens) for r in reps]
+    intervals = {}
+    for k in ("params_opt", "tokens_opt", "tokens_per_param", "loss_opt"):
+        v = np.array([d[k] for d in draws], dtype=float)
+        intervals[k] = percentile_interval(v, best[k]).model_dump() if len(v) >= 10 else None
+    at_target = float(model.predict(target_point(target))[0])
+    warn = []
+    spread = tokens_per_param_spread(final)
+    m_opt = best["tokens_per_param"]
+    m_lo = float(np.min(final["tokens"] / final["params_active"]))
+    m_hi = float(np.max(final["tokens"] / final["params_active"]))
+    if law == "overtrain":
+        warn.append("the over-training law ties the two exponents, so its optimal tokens per parameter is the same at "
+                    "every budget")
+    if spread < 0.3:
+        warn.append(f"the ladder spans {spread:.2f} decades of tokens per parameter ({m_lo:.3g}-{m_hi:.3g}): the optimum "
+                    "comes from the law's form, not from runs near it")
+    elif not (m_lo <= m_opt <= m_hi):
+        warn.append(f"the optimum ({m_opt:.3g} tokens/param) lies outside the ladder's {m_lo:.3g}-{m_hi:.3g}")
+    if best["at_grid_edge"]:
+        warn.append("the optimum is at the edge of the searched tokens-per-parameter range (0.5-1e5): the law has no interior optimum")
+    return {
+        "available": True, "law": law, "formula": model.formula, "backtest_rate": None if not np.isfinite(rate) else float(rate),
+        "flops_6nd": c6, **best, "intervals": intervals, "n_bootstrap": len(reps), "bootstrap": kind,
+        "target": {"params_active": target.params_active, "tokens": target.tokens,
+                   "tokens_per_param": target.tokens / target.params_active, "predicted_loss": at_target,
+                   "params_vs_opt": target.params_active / best["params_opt"], "loss_above_opt": at_target / best["loss_opt"] - 1},
+        "warnings": warn,
+    }

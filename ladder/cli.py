@@ -610,8 +610,11 @@ def _print_forecast(forecast, where: str | None) -> None:
             table.add_row(str(point.step), _fmt(point.tokens, "tokens") if point.tokens else "-", f"{point.loss:.4f}", f"{point.lo:.4f}", f"{point.hi:.4f}")
         console.print(table)
     for result in forecast.backtest:
+        held = ", ".join(result.held_out[:6]) + (f" and {len(result.held_out) - 6} more" if len(result.held_out) > 6 else "")
         console.print(f"backtest ({result.kind}) on this ladder: rms error {result.rms_rel_error:.2%}, worst {result.max_abs_rel_error:.2%} "
-                      f"over {result.distance:.2f} units of extrapolation ({', '.join(result.held_out)})")
+                      f"over {result.distance:.2f} units of extrapolation ({held})")
+    if forecast.selection:
+        _print_selection(forecast.selection)
     for warning in forecast.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
 
@@ -755,13 +758,57 @@ def forecast(
     if where is not None and not stored_new:
         (err_console if as_json else console).print(
             f"unchanged: version {result.version} (same inputs, method and options as the newest stored forecast; nothing written)")
+    allocation = None
+    if not refit:
+        try:
+            allocation = api.optimal_allocation(table, spec, n_bootstrap=min(n_bootstrap, 50), seed=seed)
+        except Exception as error:  # noqa: BLE001  (the forecast stands; the planner is extra)
+            allocation = {"available": False, "reason": f"{type(error).__name__}: {error}"}
     if as_json:
         doc = json.loads(result.to_json())
         if not with_schedule:
             doc["target"].pop("lr", None)
+        if allocation is not None:
+            doc["allocation"] = allocation
         print(json.dumps(doc, indent=2))
         return
     _print_forecast(result, where if stored_new else None)
+    if allocation is not None:
+        _print_allocation(allocation)
+
+
+def _print_selection(candidates: list[dict]) -> None:
+    """method=auto: every candidate with its backtest on this table, the winner marked."""
+    table = Table(title="method chosen by backtest on this table (expected error = error per unit distance x the target's distance)")
+    for column in ("method", "backtest rms", "expected error at target", "note"):
+        table.add_column(column, overflow="fold")
+    for c in candidates:
+        rms = f"{c['backtest_rms']:.2%}" if c.get("backtest_rms") is not None else "-"
+        exp_err = f"{c['expected_error']:.2%}" if c.get("expected_error") is not None else "-"
+        note = "chosen" if c.get("chosen") else (c.get("reason") or "")
+        table.add_row(c["method"], rms, exp_err, note)
+    console.print(table)
+
+
+def _print_allocation(a: dict) -> None:
+    """The compute-optimal N and D for the target's budget, and where the declared target sits."""
+    if not a.get("available"):
+        console.print(f"compute-optimal allocation: not available ({a.get('reason')})")
+        return
+
+    def iv(key: str, kind: str) -> str:
+        i = a["intervals"].get(key)
+        return f"{_fmt(a[key], kind)}" + (f" [{_fmt(i['lo'], kind)}, {_fmt(i['hi'], kind)}]" if i else "")
+
+    t = a["target"]
+    console.print(
+        f"compute-optimal at {_fmt(a['flops_6nd'], 'flops')} FLOPs (6ND, law {a['law']}): N {iv('params_opt', 'tokens')}, "
+        f"D {iv('tokens_opt', 'tokens')}, {a['tokens_per_param']:.3g} tokens/param, loss {a['loss_opt']:.4f}")
+    console.print(
+        f"declared target: N {_fmt(t['params_active'], 'tokens')} ({t['params_vs_opt']:.2f}x the optimum), "
+        f"{t['tokens_per_param']:.3g} tokens/param, predicted {t['predicted_loss']:.4f} ({t['loss_above_opt']:+.2%} vs the optimum)")
+    for w in a.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {w}")
 
 
 @app.command()
