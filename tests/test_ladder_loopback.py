@@ -35,7 +35,7 @@ METADATA_ADDRESS = ("169.254.169.254", 80)
 
 FUNCTION_LADDER = '''
 import os, time
-from ladder import FunctionStep
+from ladder import FunctionStep, ResourceSpec
 
 RELEASE = {release!r}
 
@@ -53,8 +53,9 @@ def add(ctx):
     return {{"value": sum(dep.result["value"] for dep in ctx.deps.values())}}
 
 
-left = FunctionStep(name="left", fn=hold, config={{"name": "left"}})
-right = FunctionStep(name="right", fn=hold, config={{"name": "right"}})
+HALF = ResourceSpec(cpus=0.5)  # both held at once even on a one-core machine
+left = FunctionStep(name="left", fn=hold, config={{"name": "left"}}, resources=HALF)
+right = FunctionStep(name="right", fn=hold, config={{"name": "right"}}, resources=HALF)
 both = FunctionStep(name="both", fn=add, deps=("left", "right"))
 '''
 
@@ -106,7 +107,7 @@ class TableAudit:
             except psutil.Error:
                 continue
             for conn in connections:
-                if conn.status == psutil.CONN_LISTEN or (conn.type.name == "SOCK_DGRAM" and conn.laddr):
+                if conn.status == psutil.CONN_LISTEN or (conn.type.name == "SOCK_DGRAM" and conn.laddr and not conn.raddr):
                     self.listening.add((label, conn.laddr.ip, conn.laddr.port))
                     if not is_loopback(conn.laddr.ip):
                         self.bad_listening.add((label, conn.laddr.ip, conn.laddr.port, conn.status))
@@ -306,9 +307,10 @@ def gang_audit(tmp_path_factory) -> Audit:
     audit = audited_submit(experiment, work / "root", work, timeout=900)
     check_ran(audit, must_see=("gcs_server", "raylet", "ladder.gang_worker"))
     run_dir = next((work / "root" / "runs").glob("two-process-*"))
-    [attempt] = [json.loads(line) for line in (run_dir / "gang" / "attempts.jsonl").read_text().splitlines()]
-    assert attempt["outcome"] == "done" and attempt["nodes"] == ["127.0.0.1", "127.0.0.1"]
-    assert attempt["coordinator"].startswith("127.0.0.1:")
+    attempts = [json.loads(line) for line in (run_dir / "gang" / "attempts.jsonl").read_text().splitlines()]
+    assert attempts[-1]["outcome"] == "done", attempts
+    for attempt in attempts:  # a restart (a slow machine under strace) must land on loopback too
+        assert attempt["nodes"] == ["127.0.0.1", "127.0.0.1"] and attempt["coordinator"].startswith("127.0.0.1:"), attempt
     return audit
 
 
