@@ -234,7 +234,7 @@ def train(
         # call (router_state0 itself, when device_put hands it back unchanged) may already be deleted.
         # A rollback with no checkpoint yet starts again from here.
         params, opt_state = _init_params_and_opt(key)
-        router_state = jax.tree.map(np.array, router_state0)  # a host copy; device_put makes a fresh buffer
+        router_state = jax.tree.map(lambda a: jnp.array(a, copy=True), router_state0)  # never router_state0 itself
         return {
             "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
             "params": params,
