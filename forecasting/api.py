@@ -5,7 +5,8 @@ reach, what does the live prefix change, how wrong is this method here), and eac
 its intervals and its warnings, print as a table and serialise to JSON. The numerics live in the
 modules below; this file picks a method, runs the bootstrap and the backtests, and composes bands.
 
-Band composition (every forecast; relative sigmas added in quadrature, band = +-1.96 sigma):
+Band composition (relative sigmas added in quadrature, band = +-1.96 sigma; final laws: see
+forecasting.final_laws, the same terms in log space):
 - bootstrap over runs (refit on run-level resamples, the spread of the prediction),
 - extrapolation in compute: the method's own backtest error on this ladder, per decade of compute
   extrapolated (fit the smaller runs, predict the larger), times the target's distance in decades
@@ -14,10 +15,11 @@ Band composition (every forecast; relative sigmas added in quadrature, band = +-
 - extrapolation below the first progress fraction the ladder logged (matched progress only): the
   extension rule's own error on the rungs, per unit of ln g, times the distance in ln g.
 
-Methods (`method="auto"` picks): `multipower` when the table holds curves of the target's own size
-with logged LR and the target's schedule is given (CURVE's Multi-Power Law); `matched_progress` for a
-ladder of >= 3 whole curves (fraction + flops columns); `chinchilla` for >= 6 finished runs over >= 2
-sizes; `compute` (L(C) with profiled E) otherwise.
+Methods: `matched_progress` (curves across rungs at matched training fractions), the final-loss laws of
+`forecasting.final_laws` (`compute`, `chinchilla`, and the surfaces `overtrain`, `farseer`, `moe`,
+`data_constrained`, each drawing the whole curve from the rungs' schedule offsets), and `multipower`
+(CURVE's Multi-Power Law, for a target of a size the table already has curves of). `method="auto"` picks by
+a backtest on the given table (`forecasting.selection`) and records every candidate in `Forecast.selection`.
 
 JSON documents for the CLI (`--json`), all plain dicts of str/float/list:
 - `LadderFit.summary()`: law, formula, n_runs, params {name: {value, lo, hi, level}}, final_run,

@@ -184,22 +184,52 @@ def backtest_law(law: str, final: pd.DataFrame, *, max_splits: int = 5) -> Backt
     return _cached(("backtest", law, _key(final), max_splits), lambda: _backtest_law(law, final, max_splits))
 
 
-def _backtest_law(law: str, final: pd.DataFrame, max_splits: int) -> BacktestResult:
+def _backtest_law(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None = None) -> BacktestResult:
     held, rel, dist = [], [], []
     last = None
-    for k in _splits(len(final), N_PARAMS[law] + 1, max_splits):
+    for k in _splits(len(final), N_PARAMS[law], max_splits):
         fit_part, pred_part = final.iloc[:k], final.iloc[k:]
         try:
             model = fit_final(law, fit_part)
         except FitError:
             continue
         pts = points_of(pred_part)
-        pred = model.predict(pts)
-        rel.extend(pred / pred_part["loss"].to_numpy(float) - 1)
-        dist.extend(distance(pts, points_of(fit_part)))
+        fit_pts = points_of(fit_part)
+        if table is None:
+            pred = model.predict(pts)
+            rel.extend(pred / pred_part["loss"].to_numpy(float) - 1)
+            dist.extend(distance(pts, fit_pts))
+        else:  # every eval of each held-out run, its curve drawn from the fitted runs' schedule offsets
+            fit_rows = table[table["run"].isin(fit_part["run"])]
+            for (_, row), d in zip(pred_part.iterrows(), distance(pts, fit_pts), strict=True):
+                curve = table[table["run"] == row["run"]].sort_values("step")
+                target = run_target(curve, row)
+                offsets = schedule_offsets(fit_rows, model, target_flops=float(row["run_flops"]))
+                p, _ = curve_prediction(model, target, curve["step"].to_numpy(), offsets)
+                rel.extend(p / curve["loss"].to_numpy(float) - 1)
+                dist.extend([d] * len(curve))
+            pred = model.predict(pts)
         held.extend(str(r) for r in pred_part["run"])
         last = (str(pred_part["run"].iloc[-1]), float(pred[-1]), float(pred_part["loss"].iloc[-1]))
     return summarise(law, held, rel, dist, last)
+
+
+def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5) -> BacktestResult:
+    """The same splits, scored on every eval of each held-out run's curve (final laws draw curves from the rungs'
+    schedule offsets); cached."""
+    final = final_points(table)
+    return _cached(("backtest_curves", law, _key(table), max_splits),
+                   lambda: _backtest_law(law, final, max_splits, table=table))
+
+
+def run_target(curve: pd.DataFrame, last: pd.Series) -> TargetSpec:
+    """A finished run of the table as a TargetSpec (for backtests that redraw its curve)."""
+    num_steps = int(curve["num_steps"].iloc[0]) if "num_steps" in curve.columns else int(round(curve["step"].iloc[-1] / curve["fraction"].iloc[-1]))
+    frac = float(last["fraction"]) if "fraction" in last.index else 1.0
+    return TargetSpec(name=str(last["run"]), params_active=float(last["params_active"]), tokens=float(last["tokens"]) / frac,
+                      params_total=float(last["params_total"]) if "params_total" in last.index else None,
+                      num_steps=max(num_steps, 1), total_flops=float(last["run_flops"]),
+                      unique_tokens=float(last["unique_tokens"]) if "unique_tokens" in last.index else None)
 
 
 def summarise(method: str, held: list[str], rel: list[float], dist: list[float], last: tuple | None) -> BacktestResult:
@@ -306,11 +336,21 @@ class ScheduleOffsets:
         return mean, spread
 
 
-def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, min_points: int = 3) -> ScheduleOffsets | None:
-    """Offsets from the rungs' whole curves (runs with >= min_points evals and a fraction column), or None."""
+OFFSET_SCALE_DECADES = 0.5
+
+
+def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, target_flops: float | None = None,
+                     min_points: int = 3) -> ScheduleOffsets | None:
+    """Offsets from the rungs' whole curves (runs with >= min_points evals and a fraction column), or None.
+
+    The target's offset is the rungs' mean weighted by nearness in compute (exp(-decades / 0.5)): the shape
+    of a curve changes along a ladder, and the nearest rungs carry the target's best; the spread is the
+    plain spread across all rungs (how much the shape moves along the ladder), so the band says how much
+    that choice could be off.
+    """
     if not {"fraction", "tokens"} <= set(table.columns):
         return None
-    per_run = []
+    per_run, run_flops = [], []
     for _, c in table.sort_values("step").groupby("run"):
         c = c[c["fraction"] > 0]
         if len(c) < min_points or c["fraction"].iloc[-1] < 0.999:
@@ -319,8 +359,13 @@ def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, min_points: int 
         law = np.log(model.predict(pts))
         obs = np.log(c["loss"].to_numpy(float))
         per_run.append((np.log(c["fraction"].to_numpy(float)), (obs - obs[-1]) - (law - law[-1])))
+        run_flops.append(float(pts["flops"][-1] / c["fraction"].iloc[-1]))
     if not per_run:
         return None
+    if target_flops is None:
+        w = np.ones(len(per_run))
+    else:
+        w = np.exp(-np.abs(np.log10(target_flops / np.array(run_flops))) / OFFSET_SCALE_DECADES)
     lo = min(lg[0] for lg, _ in per_run)
     grid = np.unique(np.r_[np.linspace(lo, 0.0, 40), [lg[0] for lg, _ in per_run]])
     vals = np.full((len(per_run), len(grid)), np.nan)
@@ -328,7 +373,8 @@ def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, min_points: int 
         inside = (grid >= lg[0] - 1e-9) & (grid <= lg[-1] + 1e-9)
         vals[i, inside] = np.interp(grid[inside], lg, off)
     n = np.sum(np.isfinite(vals), axis=0)
-    mean = np.nanmean(np.where(np.isfinite(vals), vals, np.nan), axis=0)
+    wv = np.where(np.isfinite(vals), w[:, None], 0.0)
+    mean = np.nansum(np.nan_to_num(vals) * wv, axis=0) / np.maximum(wv.sum(axis=0), 1e-300)
     spread = np.where(n >= 2, np.nanstd(vals, axis=0, ddof=min(1, len(per_run) - 1)) if len(per_run) > 1 else 0.0, np.abs(mean) * 0.5)
     spread = np.nan_to_num(spread, nan=0.0)
     keep = n > 0
@@ -387,7 +433,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "
                     f"{PRIOR_RATE:.0%} per decade of distance ({d_target:.2f} here)")
     T = target.steps()
-    offsets = schedule_offsets(table, model) if T > 1 else None
+    offsets = schedule_offsets(table, model, target_flops=float(tp["flops"][0])) if T > 1 else None
     if offsets is None:
         steps = np.array([T])  # no rung curve to learn the schedule's shape from: the final point only
     else:
@@ -399,8 +445,13 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     rel["schedule_shape"] = shape
     total = np.sqrt(sum(np.square(v) for v in rel.values()))
     lo, hi = pred * np.exp(-Z95 * total), pred * np.exp(Z95 * total)  # in log space: a wide band stays positive
-    if tokens_per_param_spread(final) < 0.05 and law != "compute":
-        warn.append("tokens per parameter do not vary across the runs: the D/N direction is not identified by this ladder")
+    if tokens_per_param_spread(final) < 0.05 and {"params_active", "tokens"} <= set(final.columns):
+        m_runs = float(np.median(final["tokens"] / final["params_active"]))
+        m_target = target.tokens / target.params_active
+        if not (m_runs / 1.25 <= m_target <= m_runs * 1.25):
+            warn.append(f"tokens per parameter do not vary across the runs ({m_runs:.3g}) and the target has {m_target:.3g}: "
+                        "the D/N direction is not identified by this ladder (the band's distance counts "
+                        f"{abs(np.log10(m_target / m_runs)):.2f} decades of it)")
     params = {k: percentile_interval(np.array(v), model.params[k]) for k, v in samples.items()}
     return Forecast(
         target=target, method=law, inputs_fingerprint=fingerprint_table(table),

@@ -57,8 +57,9 @@ def matched_progress_refusal(table: pd.DataFrame, target: TargetSpec | None) -> 
     return None
 
 
-def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5):
-    """Matched progress on the same expanding splits as the final laws, scored on each held-out run's last point."""
+def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5, curves: bool = False):
+    """Matched progress on the same expanding splits as the final laws, scored on each held-out run's last point
+    (or, with `curves`, on every eval of each held-out run)."""
     last = table.sort_values("step").groupby("run").tail(1).copy()
     last["run_flops"] = last["flops"] / last["fraction"]
     last = last.sort_values("run_flops", kind="stable").reset_index(drop=True)
@@ -71,8 +72,16 @@ def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5):
             continue
         part = last.iloc[k:]
         pred = np.array([fit.predict(g, c)[0] for g, c in zip(part["fraction"], part["run_flops"], strict=True)])
-        rel.extend(pred / part["loss"].to_numpy(float) - 1)
-        dist.extend(fl.distance(fl.points_of(part), fl.points_of(last.iloc[:k])))
+        d = fl.distance(fl.points_of(part), fl.points_of(last.iloc[:k]))
+        if curves:
+            for (_, row), d_run in zip(part.iterrows(), d, strict=True):
+                curve = table[table["run"] == row["run"]]
+                p = fit.predict(curve["fraction"].to_numpy(float), float(row["run_flops"]))
+                rel.extend(p / curve["loss"].to_numpy(float) - 1)
+                dist.extend([d_run] * len(curve))
+        else:
+            rel.extend(pred / part["loss"].to_numpy(float) - 1)
+            dist.extend(d)
         held.extend(part["run"].astype(str))
         final = (str(part["run"].iloc[-1]), float(pred[-1]), float(part["loss"].iloc[-1]))
     return fl.summarise("matched_progress", held, rel, dist, final)
@@ -93,17 +102,23 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
     tp = fl.target_point(target)
     ref = _all_runs(table)
     mp_refusal = matched_progress_refusal(table, target)
+    # a target with a curve is judged on the held-out runs' whole curves, when the rungs have curves to score
+    curves = target.steps() > 1 and n_curve_runs(table) >= 3
     if mp_refusal:
         cands.append({"method": "matched_progress", "applicable": False, "reason": mp_refusal})
     else:
-        key = ("mp_backtest", fl._key(table))
-        cands.append(_evidence("matched_progress", lambda: fl._cached(key, lambda: backtest_matched_progress(table)), tp, ref))
+        key = ("mp_backtest", fl._key(table), curves)
+        cands.append(_evidence("matched_progress", lambda: fl._cached(key, lambda: backtest_matched_progress(table, curves=curves)), tp, ref))
     for law in fl.FINAL_LAWS:
         reason = "no finished run" if final is None or len(final) == 0 else fl.applicable(law, final)
         if reason:
             cands.append({"method": law, "applicable": False, "reason": reason})
+        elif curves:
+            cands.append(_evidence(law, lambda law=law: fl.backtest_law_curves(law, table), tp, ref))
         else:
             cands.append(_evidence(law, lambda law=law: fl.backtest_law(law, final), tp, ref))
+    for c in cands:
+        c["scored_on"] = "every eval of the held-out runs" if curves else "the held-out runs' final losses"
     scored = [c for c in cands if c.get("expected_error") is not None]
     if scored:
         best = min(scored, key=lambda c: c["expected_error"])
