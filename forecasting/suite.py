@@ -52,7 +52,9 @@ from forecasting.table import validate_table
 
 MAX_TARGETS = 10
 MAX_CURVE_POINTS = 200
-LR_FLOOR = 1e-3  # target LR schedules are clipped to >= LR_FLOOR * peak: the curve laws need eta > 0 at every step
+# Zero LRs in a target's schedule (a decay to exactly zero) become the schedule's smallest positive LR: the curve laws
+# need eta > 0 at every step. Only zeros change: a floor on every step would bend the warmup ramp, which the
+# Multi-Power Law detects as a strictly increasing prefix (a floor at 1e-3 * peak made it read the warmup as a re-warm).
 LIVE_ONLY = "live_only"  # refit splits only: refit_forecast with a flat prior (the live prefix alone)
 REFIT_PREFIXES = (0.1, 0.2, 0.4)
 
@@ -112,11 +114,15 @@ def _run_compute(rows: pd.DataFrame) -> float:
 
 
 def _target_lr(table: pd.DataFrame, run: str, num_steps: int) -> list[float] | None:
-    """The run's logged LR interpolated to every step 1..num_steps (multipower.curve_from_table's rule), floored."""
+    """The run's logged LR interpolated to every step 1..num_steps (multipower.curve_from_table's rule), zeros lifted."""
     if "lr" not in table.columns:
         return None
-    lr = curve_from_table(table, run, num_steps=num_steps).lr[:num_steps]
-    return np.maximum(lr, LR_FLOOR * lr.max()).tolist()
+    return _positive(curve_from_table(table, run, num_steps=num_steps).lr[:num_steps]).tolist()
+
+
+def _positive(lr: np.ndarray) -> np.ndarray:
+    lr = np.asarray(lr, dtype=float)
+    return np.where(lr > 0, lr, lr[lr > 0].min()) if (lr > 0).any() else lr
 
 
 def _target_from_run(table: pd.DataFrame, run: str, *, lr: bool = True) -> TargetSpec:
@@ -252,7 +258,7 @@ def load_multipower() -> pd.DataFrame:
 
 def load_marin() -> tuple[pd.DataFrame, TargetSpec, pd.DataFrame]:
     """(rung table, hero TargetSpec, hero observed table): forecasting.public_data.marin_ladder plus the hero's
-    schedule (Marin's recipe shape: 1% warmup, linear decay to zero, peak from rungs.csv's note, floored)."""
+    schedule (Marin's recipe shape: 1% warmup, linear decay to zero, peak from rungs.csv's note, the final zero lifted)."""
     from forecasting.public_data import linear_decay_schedule
 
     d = data_dir() / "marin_535b_ladder"
@@ -263,7 +269,7 @@ def load_marin() -> tuple[pd.DataFrame, TargetSpec, pd.DataFrame]:
     target = TargetSpec(
         name=hero["name"], params_active=hero["params_active"], params_total=hero["params_total"], tokens=hero["tokens"],
         num_steps=hero["num_steps"], tokens_per_step=hero["tokens_per_step"], total_flops=hero["total_flops"],
-        lr=np.maximum(lr, LR_FLOOR * peak).tolist(),
+        lr=_positive(lr).tolist(),
     )
     return table, target, observed
 

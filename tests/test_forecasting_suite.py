@@ -159,3 +159,11 @@ def test_quick_suite_runs_end_to_end_with_a_row_per_data_set():
     assert "| hh_opt |" in table and "mean over data sets" in table
     doc = suite.to_json(res)
     assert {r["dataset"] for r in doc["datasets"]} == set(suite.DATASETS) and doc["by_group"]
+
+
+def test_target_schedules_keep_the_warmup_ramp_and_lift_only_zeros(splits):
+    s = next(s for s in splits if s.dataset == "multipower" and s.group == "csv_25")
+    lr = np.array(next(h for h in s.targets if h.run == "25M/cosine_72000").target.lr)
+    assert (np.diff(lr[:2160]) > 0).all()  # strictly increasing warmup, as the schedule-aware law detects it
+    hero = next(s for s in splits if s.dataset == "marin" and "hero" in s.name).targets[0].target
+    assert min(hero.lr) > 0 and min(hero.lr) == sorted(set(hero.lr))[0]
