@@ -533,9 +533,11 @@ def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: 
             rate_g = bt.matched_progress_rate_by_fraction(table, g)
         except FitError:
             rate_g = np.full_like(pred, res.rate)
-        sig["compute_extrapolation"] = rate_g * decades
+        sig["compute_extrapolation"] = rate_g * decades * fl.small_sample_factor(len(res.held_out))
     except FitError as e:
-        warn.append(f"no compute backtest possible ({e}); the band omits the extrapolation term and is too narrow")
+        sig["compute_extrapolation_prior"] = np.full_like(pred, fl.PRIOR_RATE * max(decades, fl.MIN_DISTANCE))
+        warn.append(f"no compute backtest possible ({e}); the extrapolation term is the public suite's "
+                    f"{fl.PRIOR_RATE:.0%} per decade ({decades:.2f} decades here)")
     rate_g = early_extension_error(table, fit)
     below = np.maximum(0.0, np.log(fit.fractions[0] / g))
     if np.any(below > 0):

@@ -41,6 +41,7 @@ N_PARAMS = {"compute": 3, "overtrain": 4, "chinchilla": 5, "farseer": 6, "moe": 
 NOISE_FLOOR = 0.004
 PRIOR_RATE = 0.04
 MIN_DISTANCE = 0.05
+FINISHED = 0.99  # a run whose last logged point is at 99% of its planned steps counts as finished
 Z95 = 1.959963984540054
 
 
@@ -65,10 +66,10 @@ class FinalModel:
 
 
 def final_points(table: pd.DataFrame) -> pd.DataFrame:
-    """The last point of every finished run (fraction >= 0.999 when known), with `run_flops`, sorted by compute."""
+    """The last point of every finished run (fraction >= FINISHED when known), with `run_flops`, sorted by compute."""
     last = table.sort_values("step").groupby("run").tail(1)
     if "fraction" in last.columns:
-        last = last[last["fraction"] >= 0.999]
+        last = last[last["fraction"] >= FINISHED]
     last = last.copy()
     if "flops" in last.columns:
         last["run_flops"] = last["flops"] / (last["fraction"] if "fraction" in last.columns else 1.0)
@@ -232,6 +233,14 @@ def run_target(curve: pd.DataFrame, last: pd.Series) -> TargetSpec:
                       unique_tokens=float(last["unique_tokens"]) if "unique_tokens" in last.index else None)
 
 
+def small_sample_factor(n_held_out: int) -> float:
+    """t_{0.975}(n + 2) / 1.96: an error scale measured on n held-out runs (plus two pseudo-runs of prior) is itself
+    uncertain; with 1 run this widens the extrapolation term 1.6x, with 10 runs 1.1x, with 100 not at all."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, max(n_held_out, 0) + 2) / Z95)
+
+
 def summarise(method: str, held: list[str], rel: list[float], dist: list[float], last: tuple | None) -> BacktestResult:
     r, d = np.asarray(rel, dtype=float), np.asarray(dist, dtype=float)
     ok = np.isfinite(r) & np.isfinite(d)
@@ -353,7 +362,7 @@ def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, target_flops: fl
     per_run, run_flops = [], []
     for _, c in table.sort_values("step").groupby("run"):
         c = c[c["fraction"] > 0]
-        if len(c) < min_points or c["fraction"].iloc[-1] < 0.999:
+        if len(c) < min_points or c["fraction"].iloc[-1] < FINISHED:
             continue
         pts = points_of(c.assign(run_flops=c["flops"]) if "flops" in c.columns else c.assign(run_flops=6 * c["params_active"] * c["tokens"]))
         law = np.log(model.predict(pts))
@@ -407,7 +416,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     final = final_points(table)
     dropped = sorted(set(table["run"]) - set(final["run"]))
     if dropped:
-        warn.append(f"runs not finished (fraction < 0.999) left out of the final-loss fit: {dropped}")
+        warn.append(f"runs not finished (fraction < {FINISHED}) left out of the final-loss fit: {dropped}")
     model = _cached(("fit", law, _key(final)), lambda: fit_final(law, final))
     tp = target_point(target)
     point = float(model.predict(tp)[0])
@@ -426,8 +435,9 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     try:
         res = backtest_law(law, final)
         backtests.append(res)
-        # never narrower than the error the backtest measured at its own distances
-        sig["extrapolation"] = max(res.rate * max(d_target, res.distance), NOISE_FLOOR)
+        # never narrower than the error the backtest measured at its own distances, widened for how few
+        # independent runs it held out (a t quantile in place of 1.96)
+        sig["extrapolation"] = max(res.rate * max(d_target, res.distance), NOISE_FLOOR) * small_sample_factor(len(res.held_out))
     except FitError as e:
         sig["extrapolation_prior"] = PRIOR_RATE * d_target
         warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "

@@ -103,7 +103,7 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
     ref = _all_runs(table)
     mp_refusal = matched_progress_refusal(table, target)
     # a target with a curve is judged on the held-out runs' whole curves, when the rungs have curves to score
-    curves = target.steps() > 1 and n_curve_runs(table) >= 3
+    curves = target.steps() > 1 and n_curve_runs(table) >= 3 and {"params_active", "tokens"} <= set(table.columns)
     if mp_refusal:
         cands.append({"method": "matched_progress", "applicable": False, "reason": mp_refusal})
     else:
