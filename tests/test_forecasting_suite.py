@@ -167,3 +167,19 @@ def test_target_schedules_keep_the_warmup_ramp_and_lift_only_zeros(splits):
     assert (np.diff(lr[:2160]) > 0).all()  # strictly increasing warmup, as the schedule-aware law detects it
     hero = next(s for s in splits if s.dataset == "marin" and "hero" in s.name).targets[0].target
     assert min(hero.lr) > 0 and min(hero.lr) == sorted(set(hero.lr))[0]
+
+
+def test_ladder_backtest_suite_prints_the_table_and_rejects_unknown_names(tmp_path):
+    from typer.testing import CliRunner
+
+    from ladder.cli import app
+
+    runner = CliRunner()
+    md = tmp_path / "suite.md"
+    out = runner.invoke(app, ["backtest", "--suite", "--quick", "--datasets", "hh_opt", "--methods", "compute",
+                              "--n-bootstrap", "5", "--markdown", str(md)])
+    assert out.exit_code == 0, out.output
+    assert "| hh_opt |" in out.stdout and "### Final points" in md.read_text()
+    bad = runner.invoke(app, ["backtest", "--suite", "--datasets", "nope"])
+    assert bad.exit_code == 2 and "unknown data set(s) ['nope']" in bad.output
+    assert runner.invoke(app, ["backtest"]).exit_code == 2
