@@ -432,6 +432,13 @@ EMBEDDED_RAY_ENV = {
     # bind and dial that address; with it every node address, and so every Ray server, is on loopback.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage reports to usage-stats.ray.io
+    # Ray's dashboard process asks the cloud metadata service (169.254.169.254, metadata.google.internal) which
+    # cloud it is on, whatever the settings (usage_lib.get_cloud_from_metadata_requests, plain-http `requests`
+    # GETs). A plain-http proxy on a closed loopback port turns those into an immediate refusal on this machine,
+    # with no DNS query; loopback is exempt, so Ray's and jax.distributed's gRPC (which read the same variables)
+    # stay direct. https (W&B online) is untouched.
+    "http_proxy": "http://127.0.0.1:9",
+    "no_proxy": "127.0.0.1,localhost,::1",
 }
 
 

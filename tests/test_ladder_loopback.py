@@ -4,8 +4,9 @@ A small ladder runs through `python -m ladder.cli submit` (a fresh interpreter, 
 a user) while the test watches every process that submit starts: from the process table (psutil), every
 listening or bound socket must be on loopback and every connection must go to loopback; under strace
 (when it can run here) every bind, connect and addressed send of every thread must be to loopback too.
-The one exception is the residue README.md names: Ray's dashboard process asks the cloud metadata service
-which cloud it runs on (Ray 2.60 has no setting that stops it).
+That includes the probe README.md names: Ray's dashboard process asks the cloud metadata service which
+cloud it runs on (Ray 2.60 has no setting that stops it; ladder sends it to a closed loopback proxy), so
+any sign of it leaving the machine fails the test.
 """
 
 from __future__ import annotations
@@ -253,6 +254,7 @@ def check_ran(audit: Audit, must_see: tuple[str, ...]) -> None:
 def check_table(audit: Audit) -> None:
     assert not audit.table.bad_listening, f"sockets listening beyond loopback: {sorted(audit.table.bad_listening)}"
     assert not audit.table.bad_remote, f"connections beyond loopback: {sorted(audit.table.bad_remote)}"
+    assert not audit.table.residue, f"the dashboard's cloud probe left the machine: {sorted(audit.table.residue)}"
 
 
 def check_strace(audit: Audit) -> None:
@@ -262,6 +264,8 @@ def check_strace(audit: Audit) -> None:
     assert any("gcs_server" in t for t in traced) and any("raylet" in t for t in traced), "strace did not follow Ray's processes"
     assert not violations, "binds/connects/sends beyond loopback (process, call, ip:port):\n" + "\n".join(
         f"  {who[:160]} {call} {ip}:{port}" for who, call, ip, port in sorted(set(violations)))
+    assert not residue, "the dashboard's cloud probe left the machine (process, ip, port):\n" + "\n".join(
+        f"  {who[:160]} {ip}:{port}" for who, ip, port in sorted(set(residue)))
 
 
 # ------------------------------------------------------------------------------------ a ladder of function steps
