@@ -109,7 +109,10 @@ def run_demo(*, quick: bool = False, root: str | None = None, out: Callable[[str
     result = DemoResult(experiment=exp.name, root=store.url, target=fit.target)
     out(f"ladder demo: {experiment_ref} ({len(exp.dag.order)} steps) under {store.url}")
     try:
-        report = run(exp.dag, store, log=out)
+        from ladder.progress import SubmitProgress
+
+        # the same W&B group/job types and live per-step progress as `ladder submit` (progress only on the CLI's stdout)
+        report = run(exp.dag, store, log=out, experiment=exp.name, progress=SubmitProgress(store) if out is print else None)
     except ExecutionError as error:
         out(f"error: {error}")
         result.states = {name: "failed" for name in exp.dag.order}

@@ -213,6 +213,8 @@ def run_gang(
             env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")} if os.environ.get("JAX_PLATFORMS") else {}
             if is_loopback(nodes[0]):  # jax.distributed's coordinator would listen on [::] (all addresses)
                 env["JAX_COORDINATOR_BIND_ADDRESS"] = coordinator
+            # the step's W&B settings (group, job type, tags, offline folder), which the executor set for this task
+            env.update({k: v for k, v in os.environ.items() if k.startswith("WANDB_")})
             pids = ray.get(
                 [
                     m.start.remote(
