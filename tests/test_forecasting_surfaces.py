@@ -1,0 +1,65 @@
+"""Each final-loss surface recovers its own parameters from data it generated, and refuses what it cannot identify."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecasting.fitting import FitError
+from forecasting.surfaces import SURFACES, effective_tokens, fit_surface
+
+
+def _grid(n_sizes=6, ratios=(5.0, 20.0, 80.0, 320.0)):
+    n = np.repeat(np.geomspace(3e7, 1e9, n_sizes), len(ratios))
+    d = n * np.tile(ratios, n_sizes)
+    return n, d
+
+
+def _frame(n, d, loss, **extra):
+    return pd.DataFrame({"run": [f"r{i}" for i in range(len(n))], "params_active": n, "tokens": d, "loss": loss, **extra})
+
+
+@pytest.mark.parametrize("name, truth", [
+    ("overtrain", {"E": 1.7, "A": 300.0, "B": 900.0, "eta": 0.31}),
+    ("farseer", {"E": 1.7, "A": 300.0, "B": 900.0, "alpha": 0.33, "beta0": 0.30, "beta1": -0.015}),
+])
+def test_dense_surfaces_recover_their_parameters(name, truth):
+    n, d = _grid()
+    loss = SURFACES[name].predict_fn({"params_active": n, "tokens": d}, truth)
+    fit = fit_surface(name, _frame(n, d, loss))
+    for k, v in truth.items():
+        assert fit.params[k] == pytest.approx(v, rel=0.02, abs=2e-3), k
+    far = {"params_active": np.array([7e10]), "tokens": np.array([1.4e13])}
+    assert fit.predict(far)[0] == pytest.approx(SURFACES[name].predict_fn(far, truth)[0], rel=1e-3)
+
+
+def test_moe_surface_finds_how_much_total_parameters_count():
+    n, d = _grid(ratios=(20.0, 80.0))
+    sparsity = np.tile([1.0, 4.0, 16.0, 2.0, 8.0, 32.0], 2)[: len(n)]
+    truth = {"E": 1.7, "A": 300.0, "B": 900.0, "alpha": 0.33, "beta": 0.29, "kappa": 0.35}
+    x = {"params_active": n, "tokens": d, "params_total": n * sparsity}
+    fit = fit_surface("moe", _frame(n, d, SURFACES["moe"].predict_fn(x, truth), params_total=n * sparsity))
+    assert fit.params["kappa"] == pytest.approx(0.35, abs=0.02)
+    with pytest.raises(FitError, match="does not vary sparsity"):
+        fit_surface("moe", _frame(n, d, SURFACES["moe"].predict_fn(x, truth), params_total=n * 4.0))
+
+
+def test_data_constrained_surface_discounts_repeated_tokens():
+    assert effective_tokens(np.array([1e9]), np.array([2e9]), 15.0)[0] == 1e9  # no repetition: D itself
+    once_more = effective_tokens(np.array([2e9]), np.array([1e9]), 15.0)[0]
+    assert 1.9e9 < once_more < 2e9  # one repetition is worth almost a fresh epoch (Muennighoff et al.)
+    assert effective_tokens(np.array([1e12]), np.array([1e9]), 15.0)[0] < 16.1e9  # saturates at U (1 + R*)
+    n, d = _grid(ratios=(20.0, 80.0, 320.0))
+    unique = np.minimum(d, 20.0 * n / 4)  # every run sees at most 5x-epochs of a budget of 5 tokens/param
+    truth = {"E": 1.7, "A": 300.0, "B": 900.0, "alpha": 0.33, "beta": 0.29, "R_star": 12.0}
+    x = {"params_active": n, "tokens": d, "unique_tokens": unique}
+    fit = fit_surface("data_constrained", _frame(n, d, SURFACES["data_constrained"].predict_fn(x, truth), unique_tokens=unique))
+    assert fit.params["R_star"] == pytest.approx(12.0, rel=0.05)
+
+
+def test_a_surface_says_why_it_cannot_be_fitted():
+    n, d = _grid(n_sizes=2, ratios=(20.0,))
+    with pytest.raises(FitError, match="at least 5 finished runs"):
+        fit_surface("overtrain", _frame(n, d, np.full(len(n), 3.0)))
+    n, d = _grid(n_sizes=2, ratios=(5.0, 20.0, 80.0, 320.0))
+    with pytest.raises(FitError, match="three model sizes"):
+        fit_surface("farseer", _frame(n, d, np.full(len(n), 3.0)))
