@@ -98,10 +98,22 @@ class LadderFit(BaseModel):
 
     # notebook views and one-call questions (the law at its full-data point estimates)
 
-    def predict(self, params_active=None, tokens=None, *, flops=None):
-        """The law's final loss: L(N, D) for a chinchilla fit (params_active, tokens); L(C) for a compute or
-        matched-progress fit (flops, on the ladder's own FLOP axis). Scalars or arrays."""
+    def predict(self, params_active=None, tokens=None, *, flops=None, params_total=None, unique_tokens=None):
+        """The law's final loss: L(N, D) for a chinchilla fit or a surface of forecasting.surfaces (params_active,
+        tokens; moe also params_total, data_constrained unique_tokens); L(C) for a compute or matched-progress fit
+        (flops, on the ladder's own FLOP axis). Scalars or arrays."""
+        from forecasting.surfaces import SURFACES
+
         p = {k: v.value for k, v in self.params.items()}
+        if self.law in SURFACES:
+            if params_active is None or tokens is None:
+                raise ValueError(f"a {self.law} fit predicts L(N, D): give params_active and tokens")
+            x = {"params_active": params_active, "tokens": tokens, "params_total": params_total, "unique_tokens": unique_tokens}
+            missing = [k for k in SURFACES[self.law].needs if x[k] is None]
+            if missing:
+                raise ValueError(f"a {self.law} fit also needs {', '.join(missing)}")
+            x = {k: np.asarray(v, dtype=float) for k, v in x.items() if v is not None}
+            return SURFACES[self.law].predict_fn(x, p)
         if self.law == "chinchilla":
             if params_active is None or tokens is None:
                 raise ValueError("a chinchilla fit predicts L(N, D): give params_active and tokens")

@@ -63,3 +63,14 @@ def test_a_surface_says_why_it_cannot_be_fitted():
     n, d = _grid(n_sizes=2, ratios=(5.0, 20.0, 80.0, 320.0))
     with pytest.raises(FitError, match="three model sizes"):
         fit_surface("farseer", _frame(n, d, np.full(len(n), 3.0)))
+
+
+def test_a_ladder_fit_of_a_surface_predicts_in_one_call():
+    from forecasting.api import fit_ladder
+
+    n, d = _grid()
+    truth = {"E": 1.7, "A": 300.0, "B": 900.0, "eta": 0.31}
+    loss = SURFACES["overtrain"].predict_fn({"params_active": n, "tokens": d}, truth)
+    fit = fit_ladder(_frame(n, d, loss).assign(step=1), law="overtrain", n_bootstrap=5)
+    assert fit.predict(7e10, 1.4e12) == pytest.approx(SURFACES["overtrain"].predict_fn(
+        {"params_active": np.array(7e10), "tokens": np.array(1.4e12)}, truth), rel=1e-3)
