@@ -743,7 +743,8 @@ def summarise(res: SuiteResult, by: Sequence[str] = ("dataset",)) -> list[dict]:
         if n_ok == n_all:
             status = "ok"
         elif n_ok:
-            status = f"partial ({n_ok}/{n_all} targets)"
+            bad = st[st["status"] != "ok"]
+            status = f"partial ({n_ok}/{n_all} targets; first other: {bad['status'].iloc[0]}: {bad['reason'].iloc[0]})"
         else:
             bad = st[st["status"] != "ok"]
             status = f"{bad['status'].iloc[0]}: {bad['reason'].iloc[0]}"
