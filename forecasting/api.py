@@ -492,20 +492,38 @@ def forecast_target(
     dup_warn: list[str] = []
     table = _drop_duplicate_runs(table, dup_warn)
     selection: list[dict] = []
-    if method == "auto":
+    if method != "auto":
+        f = _forecast_with(table, target, method, n_bootstrap, seed)
+    else:
         method, selection, sel_warn = select_method(table, target, same_size_runs=_same_size_runs(table, target))
         dup_warn += sel_warn
-    if method == "multipower":
-        f = _forecast_multipower(table, target, n_bootstrap, seed)
-    elif method == "matched_progress":
-        f = _forecast_matched_progress(table, target, n_bootstrap, seed)
-    elif method in fl.FINAL_LAWS:
-        f = fl.forecast_final(table, target, method, n_bootstrap, seed)
-    else:
-        raise ValueError(f"unknown method {method!r}; choose from {METHODS} or 'auto'")
+        # the winner of the backtest may still fail on the whole table (no convergence): the next best then
+        order = [method] + [c["method"] for c in sorted((c for c in selection if c.get("expected_error") is not None
+                                                          and c["method"] != method), key=lambda c: c["expected_error"])]
+        for i, candidate in enumerate(order):
+            try:
+                f = _forecast_with(table, target, candidate, n_bootstrap, seed)
+                break
+            except FitError as error:
+                if i == len(order) - 1:
+                    raise
+                dup_warn.append(f"{candidate} won the backtest but failed on the whole table ({error}); "
+                                f"the next best, {order[i + 1]}, is used")
+                for c in selection:
+                    c["chosen"] = c["method"] == order[i + 1] or None
     f.warnings = dup_warn + f.warnings
     f.selection = selection
     return f
+
+
+def _forecast_with(table: pd.DataFrame, target: TargetSpec, method: str, n_boot: int, seed: int) -> Forecast:
+    if method == "multipower":
+        return _forecast_multipower(table, target, n_boot, seed)
+    if method == "matched_progress":
+        return _forecast_matched_progress(table, target, n_boot, seed)
+    if method in fl.FINAL_LAWS:
+        return fl.forecast_final(table, target, method, n_boot, seed)
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS} or 'auto'")
 
 
 def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: int, seed: int) -> Forecast:

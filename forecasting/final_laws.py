@@ -337,11 +337,11 @@ class ScheduleOffsets:
         spread = np.interp(lg, lgrid, self.spread)
         below = lg < lgrid[0]
         if np.any(below):
-            k = min(3, len(self.grid))
-            slope = np.polyfit(lgrid[:k], self.mean[:k], 1)[0] if k >= 2 else 0.0
+            # before the rungs' first eval nothing was measured: hold the first offset (a slope extrapolated
+            # from the first cells blew up to 5x the loss on Marin's hero) and widen by that offset per unit ln g
             dist = lgrid[0] - lg[below]
-            mean[below] = self.mean[0] - slope * dist
-            spread[below] = self.spread[0] + np.abs(slope) * dist  # the extension is a guess: widen as it goes
+            mean[below] = self.mean[0]
+            spread[below] = self.spread[0] + np.abs(self.mean[0]) * dist
         return mean, spread
 
 

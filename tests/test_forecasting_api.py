@@ -98,3 +98,21 @@ def test_cli_json_documents_carry_final_loss_keys():
         assert doc["final_loss_lo"] <= doc["final_loss"] <= doc["final_loss_hi"]
     assert fit["final_run"] == "d2048" and rep["final_run"] == "d2048"
     assert abs(rep["final_loss"] / rep["final_loss_actual"] - 1) < 0.02
+
+
+def test_auto_falls_back_to_the_next_best_when_the_winner_fails_on_the_whole_table(monkeypatch):
+    from forecasting import final_laws
+    from forecasting.fitting import FitError
+
+    real = final_laws.forecast_final
+
+    def winner_does_not_converge(table, target, law, n_boot, seed):
+        if law == "overtrain":
+            raise FitError("the overtrain law did not converge")
+        return real(table, target, law, n_boot, seed)
+
+    monkeypatch.setattr(final_laws, "forecast_final", winner_does_not_converge)
+    t = chinchilla_points(DATA / "chinchilla_svg_extracted_data.csv")
+    f = forecast_target(t, TargetSpec(name="chinchilla-70b", params_active=70e9, tokens=1.4e12), n_bootstrap=10)
+    assert f.method != "overtrain" and any("failed on the whole table" in w for w in f.warnings)
+    assert [c["method"] for c in f.selection if c.get("chosen")] == [f.method]
