@@ -97,6 +97,10 @@ class Forecast(BaseModel):
     params: dict[str, Interval] = Field(default_factory=dict, description="Law parameters with intervals.")
     backtest: list[BacktestResult] = Field(default_factory=list, description="This method's errors on this ladder.")
     band_terms: dict[str, float] = Field(default_factory=dict, description="Relative sigma of each band term at the final step.")
+    allocation: dict | None = Field(
+        None, description="The compute-optimal N and D for the target's budget and where the target sits "
+        "(forecasting.api.optimal_allocation), when a caller attached it (`ladder forecast --json` does).",
+    )
     selection: list[dict] = Field(
         default_factory=list,
         description="method='auto': every candidate method with its backtest error on this table (or why it was "
