@@ -719,7 +719,7 @@ def forecast(
             result = api.forecast_target(table, spec, method=method, n_bootstrap=n_bootstrap, seed=seed)
         else:
             from ladder.dag import DagError, TrainStep
-            from ladder.fitting import load_forecast, store_forecast, target_spec
+            from ladder.fitting import load_forecast, target_spec
 
             exp = _load(source)
             store = _store(root)
