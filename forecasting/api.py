@@ -293,9 +293,7 @@ def choose_method(table: pd.DataFrame) -> str:
 
 def _final_table(table: pd.DataFrame, warn: list[str]) -> pd.DataFrame:
     final = bt._final_points(table)
-    dropped = sorted(set(table["run"]) - set(final["run"]))
-    if dropped:
-        warn.append(f"runs not finished (fraction < 0.999) left out of the final-loss fit: {dropped}")
+    fl.note_unfinished(table, final, warn)
     return final
 
 
@@ -403,10 +401,7 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
 
 def _fit_ladder_surface(table: pd.DataFrame, law: str, n_bootstrap: int, seed: int, warn: list[str]) -> LadderFit:
     """fit_ladder for the surfaces of forecasting.surfaces (and Chinchilla's, refused when D/N never varies)."""
-    final = fl.final_points(table)
-    dropped = sorted(set(table["run"]) - set(final["run"]))
-    if dropped:
-        warn.append(f"runs not finished (fraction < 0.999) left out of the final-loss fit: {dropped}")
+    final = fl.final_points(table, warn)
     reason = fl.applicable(law, final)
     if reason:
         raise FitError(f"the {law} law cannot be fitted to this ladder: {reason}")

@@ -112,10 +112,13 @@ def matched_progress_rate_by_fraction(table: pd.DataFrame, grid: np.ndarray, *, 
     return maximum_filter1d(rate, size=5, mode="nearest")
 
 
+FINISHED = 0.99  # a run whose last logged point is at 99% of its planned steps counts as finished
+
+
 def _final_points(table: pd.DataFrame) -> pd.DataFrame:
     last = table.sort_values("step").groupby("run").tail(1)
     if "fraction" in last.columns:
-        last = last[last["fraction"] >= 0.999]
+        last = last[last["fraction"] >= FINISHED]
     return last
 
 

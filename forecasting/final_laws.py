@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from forecasting.backtest import FINISHED
 from forecasting.bootstrap import percentile_interval, run_weights
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult, TargetSpec
@@ -41,7 +42,6 @@ N_PARAMS = {"compute": 3, "overtrain": 4, "chinchilla": 5, "farseer": 6, "moe": 
 NOISE_FLOOR = 0.004
 PRIOR_RATE = 0.04
 MIN_DISTANCE = 0.05
-FINISHED = 0.99  # a run whose last logged point is at 99% of its planned steps counts as finished
 Z95 = 1.959963984540054
 
 
@@ -65,19 +65,36 @@ class FinalModel:
 # ---------------------------------------------------------------- points
 
 
-def final_points(table: pd.DataFrame) -> pd.DataFrame:
-    """The last point of every finished run (fraction >= FINISHED when known), with `run_flops`, sorted by compute."""
-    last = table.sort_values("step").groupby("run").tail(1)
-    if "fraction" in last.columns:
-        last = last[last["fraction"] >= FINISHED]
-    last = last.copy()
+def last_points(table: pd.DataFrame) -> pd.DataFrame:
+    """The last logged point of every run, finished or not, with its planned compute `run_flops` and planned
+    tokens `run_tokens` (the point's value over its fraction), sorted by planned compute."""
+    last = table.sort_values("step").groupby("run").tail(1).copy()
+    frac = last["fraction"] if "fraction" in last.columns else 1.0
     if "flops" in last.columns:
-        last["run_flops"] = last["flops"] / (last["fraction"] if "fraction" in last.columns else 1.0)
+        last["run_flops"] = last["flops"] / frac
     elif {"params_active", "tokens"} <= set(last.columns):
-        last["run_flops"] = 6 * last["params_active"] * last["tokens"]
+        last["run_flops"] = 6 * last["params_active"] * last["tokens"] / frac
     else:
         raise FitError("final-loss laws need flops, or params_active and tokens, per run")
+    if "tokens" in last.columns:
+        last["run_tokens"] = last["tokens"] / frac
     return last.sort_values("run_flops", kind="stable").reset_index(drop=True)
+
+
+def final_points(table: pd.DataFrame, warn: list[str] | None = None) -> pd.DataFrame:
+    """`last_points` of the finished runs (fraction >= FINISHED when known); the runs left out are named in `warn`."""
+    last = last_points(table)
+    if "fraction" in last.columns:
+        last = last[last["fraction"] >= FINISHED].reset_index(drop=True)
+    if warn is not None:
+        note_unfinished(table, last, warn)
+    return last
+
+
+def note_unfinished(table: pd.DataFrame, final: pd.DataFrame, warn: list[str]) -> None:
+    dropped = sorted(set(table["run"]) - set(final["run"]))
+    if dropped:
+        warn.append(f"runs not finished (fraction < {FINISHED}) left out of the final-loss fit: {dropped}")
 
 
 def points_of(frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -413,10 +430,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     from forecasting.forecast import Forecast, fingerprint_table
 
     warn: list[str] = []
-    final = final_points(table)
-    dropped = sorted(set(table["run"]) - set(final["run"]))
-    if dropped:
-        warn.append(f"runs not finished (fraction < {FINISHED}) left out of the final-loss fit: {dropped}")
+    final = final_points(table, warn)
     model = _cached(("fit", law, _key(final)), lambda: fit_final(law, final))
     tp = target_point(target)
     point = float(model.predict(tp)[0])

@@ -47,9 +47,8 @@ def matched_progress_refusal(table: pd.DataFrame, target: TargetSpec | None) -> 
         return "needs at least three rungs with whole curves (fraction and flops columns)"
     if target is None or not {"params_active", "tokens"} <= set(table.columns):
         return None
-    last = table.sort_values("step").groupby("run").tail(1)
-    full_tokens = last["tokens"] / last["fraction"]
-    m = (full_tokens / last["params_active"]).to_numpy(float)
+    last = fl.last_points(table)
+    m = (last["run_tokens"] / last["params_active"]).to_numpy(float)
     m_t = target.tokens / target.params_active
     if not (m.min() / MP_RATIO_SLACK <= m_t <= m.max() * MP_RATIO_SLACK):
         return (f"the target's {m_t:.3g} tokens per parameter lie outside the rungs' {m.min():.3g}-{m.max():.3g}: "
@@ -60,9 +59,7 @@ def matched_progress_refusal(table: pd.DataFrame, target: TargetSpec | None) -> 
 def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5, curves: bool = False):
     """Matched progress on the same expanding splits as the final laws, scored on each held-out run's last point
     (or, with `curves`, on every eval of each held-out run)."""
-    last = table.sort_values("step").groupby("run").tail(1).copy()
-    last["run_flops"] = last["flops"] / last["fraction"]
-    last = last.sort_values("run_flops", kind="stable").reset_index(drop=True)
+    last = fl.last_points(table)
     held, rel, dist, final = [], [], [], None
     for k in fl._splits(len(last), 3, max_splits):
         fit_runs = list(last["run"].iloc[:k])
@@ -159,14 +156,8 @@ def _evidence(method: str, run_backtest, tp: dict, ref: dict | None) -> dict:
 
 def _all_runs(table: pd.DataFrame) -> dict | None:
     """Planned size, tokens and compute of every run (finished or not): the reference for the target's distance."""
-    last = table.sort_values("step").groupby("run").tail(1).copy()
-    frac = last["fraction"] if "fraction" in last.columns else 1.0
-    if "flops" in last.columns:
-        last["run_flops"] = last["flops"] / frac
-    elif {"params_active", "tokens"} <= set(last.columns):
-        last["run_flops"] = 6 * last["params_active"] * last["tokens"] / frac
-    else:
+    try:
+        last = fl.last_points(table)
+    except FitError:
         return None
-    if "tokens" in last.columns:
-        last["tokens"] = last["tokens"] / frac
-    return fl.points_of(last)
+    return fl.points_of(last.assign(tokens=last["run_tokens"]) if "run_tokens" in last.columns else last)

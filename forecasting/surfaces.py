@@ -258,19 +258,3 @@ def fit_surface(
     params = {k: float(v) for k, v in unpack(best.x).items()}
     converged = bool(best.status > 0 and np.all(np.isfinite(best.x)))
     return SurfaceFit(surface=surface, params=params, objective=float(best.cost) * delta, converged=converged)
-
-
-def surface_allocation(fit: SurfaceFit, flops: float, *, tokens_per_param_range=(1.0, 5000.0), n_grid: int = 400,
-                       extra: dict | None = None) -> dict:
-    """The loss-optimal (N, D) at compute C = 6ND for a fitted surface (numerical: a grid in log N, refined)."""
-    c = float(flops)
-    ratios = np.geomspace(*tokens_per_param_range, n_grid)
-    n = np.sqrt(c / (6 * ratios))
-    d = c / (6 * n)
-    data = {"params_active": n, "tokens": d}
-    for k, v in (extra or {}).items():
-        data[k] = np.full_like(n, float(v)) if np.ndim(v) == 0 else v
-    loss = fit.predict(data)
-    i = int(np.argmin(loss))
-    return {"flops": c, "params_opt": float(n[i]), "tokens_opt": float(d[i]), "tokens_per_param": float(ratios[i]),
-            "loss_opt": float(loss[i]), "at_edge": bool(i in (0, n_grid - 1))}
