@@ -198,6 +198,7 @@ def train(
     wall_start = time.time()
     tcfg, cfg = job.train, job.model
     num_steps = job.num_steps
+    eval_every = job.eval_interval  # train.eval_every, or a cadence that follows the run's length
     os.makedirs(run_dir, exist_ok=True)
     enable_compilation_cache(tcfg)
 
@@ -467,7 +468,7 @@ def train(
             needs_rollback = process(*pending) if pending is not None else False
             pending = (step, device_metrics)
             at_end = step == num_steps
-            eval_due = step % job.eval_interval == 0 or at_end
+            eval_due = step % eval_every == 0 or at_end
             save_due = at_end or checkpointer.due(step)
             if not needs_rollback and (eval_due or save_due):
                 needs_rollback = process(*pending)
