@@ -34,6 +34,7 @@ from ladder.importer import (
     absolute_source,
     finished_state,
     run_rows,
+    training_step,
 )
 from ladder.store import Heartbeat, Store, lease_ttl_seconds, new_owner_id, resolve_root
 
@@ -122,16 +123,10 @@ def attach_run(
     import pandas as pd
 
     from forecasting import external
-    from ladder.dag import DagError
     from ladder.executor import StepTask, _write_spec
     from trainer.metrics import JsonlSink
 
-    try:
-        step = dag[step_name]
-    except DagError as error:
-        raise ValueError(str(error)) from None
-    if not isinstance(step, TrainStep):
-        raise ValueError(f"{step_name!r} is a {step.kind} step; only training steps have runs to attach.")
+    step = training_step(dag, step_name, "attach")
     if poll_seconds <= 0 or idle_timeout <= 0:
         raise ValueError("--poll and --idle-timeout must be positive numbers of seconds.")
     reader = SourceReader(source)

@@ -564,6 +564,19 @@ def _uses_lm_head(step: TrainStep) -> bool:
     return step.spec.accounting != "marin"  # the forecaster's x-axis of the step (ladder.fitting.target_spec)
 
 
+def training_step(dag, step_name: str, verb: str) -> TrainStep:
+    """The training step `step_name` of `dag`, or a ValueError that says why there is nothing to `verb`."""
+    from ladder.dag import DagError
+
+    try:
+        step = dag[step_name]
+    except DagError as error:
+        raise ValueError(str(error)) from None
+    if not isinstance(step, TrainStep):
+        raise ValueError(f"{step_name!r} is a {step.kind} step; only training steps have runs to {verb}.")
+    return step
+
+
 def import_source(
     store: Store,
     dag: DAG,
@@ -577,15 +590,8 @@ def import_source(
     state: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Register an external run read from SOURCE as the run of `step_name`; returns (run dir, import.json record)."""
-    from ladder.dag import DagError
-
     ext = _external()
-    try:
-        step = dag[step_name]
-    except DagError as error:
-        raise ValueError(str(error)) from None
-    if not isinstance(step, TrainStep):
-        raise ValueError(f"{step_name!r} is a {step.kind} step; only training steps have runs to import.")
+    step = training_step(dag, step_name, "import")
     reader = SourceReader(source)
     where = absolute_source(source)
     frame, mapping = ext.external_rows(reader.read_all(), source=source, loss=loss_column, step=step_column,
