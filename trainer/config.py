@@ -18,9 +18,29 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Frozen(BaseModel):
-    """Base for every config: immutable, unknown fields rejected, validated on assignment."""
+    """Base for every config: immutable, unknown fields rejected, validated on assignment.
+
+    ``OMITTED_AT_DEFAULT`` names fields added after runs existed: ``identity_payload`` leaves them out
+    while they hold that default, so adding a field changes neither the fingerprint nor the checkpoint
+    check of any earlier job. Every config class may declare its own.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    OMITTED_AT_DEFAULT: ClassVar[dict[str, object]] = {}
+
+
+def identity_payload(config: BaseModel) -> dict:
+    """``config.model_dump(mode="json")`` minus, at every level, the ``OMITTED_AT_DEFAULT`` fields that
+    hold their default."""
+    payload = config.model_dump(mode="json")
+    for name in type(config).model_fields:
+        value = getattr(config, name)
+        omitted = getattr(type(config), "OMITTED_AT_DEFAULT", {})
+        if name in omitted and payload.get(name) == omitted[name]:
+            del payload[name]
+        elif isinstance(value, BaseModel):
+            payload[name] = identity_payload(value)
+    return payload
 
 
 # --------------------------------------------------------------------------------------------
@@ -438,13 +458,10 @@ class TrainJob(Frozen):
     def identity(self) -> dict:
         """What determines results, as JSON data: the job minus TrainConfig's execution fields (and the
         fields of ``OMITTED_AT_DEFAULT`` at their default). The fingerprints hash this."""
-        payload = self.model_dump(mode="json")
+        payload = identity_payload(self)
         train = payload["train"]
         for field in TrainConfig.EXECUTION_FIELDS:
             train.pop(field, None)
-        for field, default in TrainConfig.OMITTED_AT_DEFAULT.items():
-            if field in train and train[field] == default:
-                del train[field]
         return payload
 
     @property
