@@ -119,6 +119,8 @@ class MoEConfig(Frozen):
 class ModelConfig(Frozen):
     """Decoder-only transformer with optional MoE FFNs."""
 
+    OMITTED_AT_DEFAULT: ClassVar[dict[str, object]] = {"scan_layers": False}
+
     vocab_size: int = Field(256, ge=2, description="Vocabulary size (256 for the byte tokenizer).")
     hidden_dim: int = Field(128, ge=1, description="Residual stream width d.")
     num_layers: int = Field(4, ge=1, description="Transformer blocks L.")
@@ -150,6 +152,13 @@ class ModelConfig(Frozen):
         "float32",
         description="Dtype of matmuls and activations (params stay float32; router, softmax, norms and loss run "
         "in float32). bfloat16 for accelerators; on CPU float32 is faster.",
+    )
+    scan_layers: bool = Field(
+        False,
+        description="Store blocks of equal shape stacked along a leading layer axis and run each repeating run of "
+        "them with one jax.lax.scan (trainer/layers_scan.py): compile time stays flat as layers grow. Same "
+        "results as the unrolled loop up to float rounding, but a different parameter/checkpoint layout, so "
+        "it is part of a job's identity when on.",
     )
 
     @model_validator(mode="after")
