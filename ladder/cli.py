@@ -895,9 +895,9 @@ def _register_commands_from_modules() -> None:
     from ladder.attach import attach_command
     from ladder.demo import demo_command
     from ladder.importer import import_command
-    from ladder.plots import plot_command
-    from ladder.report import report_command
-    from ladder.watch import watch_command
+    from ladder.views.plots import plot_command
+    from ladder.views.report import report_command
+    from ladder.views.watch import watch_command
 
     app.command("import")(import_command)
     app.command("attach")(attach_command)

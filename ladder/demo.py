@@ -157,13 +157,13 @@ def collect_verdict(result: DemoResult, dag, store: Store, fit: FitStep) -> None
 
 
 def write_outputs(result: DemoResult, experiment_ref: str, store: Store, out: Callable[[str], None]) -> None:
-    """The HTML report (when ladder.report exists) and a PNG of the ladder, its fits and the hero against its band."""
-    from ladder import plots
+    """The HTML report (when ladder.views.report exists) and a PNG of the ladder, its fits and the hero against its band."""
+    from ladder.views import plots
 
     out_dir = Path(store.root if store.is_local else "ladder-demo") / "reports" / result.experiment
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        from ladder import report as report_module
+        from ladder.views import report as report_module
     except ImportError:
         report_module = None
     if report_module is not None and hasattr(report_module, "write_report"):
@@ -176,7 +176,7 @@ def write_outputs(result: DemoResult, experiment_ref: str, store: Store, out: Ca
         except Exception as error:  # noqa: BLE001 - the verdict stands without the report; say why it is missing
             result.report_note = f"the report could not be written: {type(error).__name__}: {error}"
     else:
-        result.report_note = "no HTML report: ladder.report.write_report is not available in this version"
+        result.report_note = "no HTML report: ladder.views.report.write_report is not available in this version"
     try:
         data = plots.plot_data(experiment_ref, result.target, root=store.url)
         result.png_path = str(plots.render(data, out_dir / f"{result.target}.png"))

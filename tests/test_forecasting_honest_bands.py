@@ -119,7 +119,7 @@ def test_refit_against_a_zero_width_prior_keeps_finite_weights_and_moves():
 
 
 def test_watch_never_prints_a_sigma_that_is_not_finite():
-    from ladder.watch import _sigma_text
+    from ladder.views.watch import _sigma_text
 
     assert _sigma_text(math.inf, (2.0, 2.0, 2.0)) == "band has zero width (no sigma)"
     assert _sigma_text(-9.8e10, (2.0, 2.0 - 1e-12, 2.0 + 1e-12)) == "band has zero width (no sigma)"

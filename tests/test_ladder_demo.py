@@ -75,7 +75,7 @@ def assert_whole_chain(root: Path, out: str) -> None:
     png = root / "reports" / "local_ladder_quick" / "hero-quick.png"
     assert f"figure: {png}" in out and png.stat().st_size > 10_000
     try:
-        from ladder.report import write_report  # noqa: F401
+        from ladder.views.report import write_report  # noqa: F401
         has_report = True
     except ImportError:
         has_report = False

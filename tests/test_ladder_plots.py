@@ -18,8 +18,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ladder.plot_html import build_html, embedded_data
-from ladder.plots import MARIN_SOURCE, marin_public_data, plot_command, plot_data, render_png
+from ladder.views.html import build_html, embedded_data
+from ladder.views.plots import MARIN_SOURCE, marin_public_data, plot_command, plot_data
+from ladder.views.png import render_png
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -341,8 +342,8 @@ def test_a_final_loss_forecast_is_one_point_and_scores_no_early_residuals(tmp_pa
     from forecasting.api import forecast_target
     from forecasting.forecast import TargetSpec
     from forecasting.public_data import data_dir, marin_ladder
-    from ladder.plot_html import panel_specs
-    from ladder.plots import assemble
+    from ladder.views.html import panel_specs
+    from ladder.views.plots import assemble
 
     table, _, observed = marin_ladder(data_dir() / "marin_535b_ladder")
     table = table.sort_values("step").groupby("run").tail(1)  # final points only: no curve to learn a shape from

@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ladder.report import report_command, write_report
+from ladder.views.report import report_command, write_report
 from tests.test_ladder_plots import CHROMIUM, CHROMIUM_FLAGS, _check_offline_page, _png_size
 
 MARIN = "experiments/marin_535b.py"
@@ -142,7 +142,7 @@ def test_marin_ladder_table_holds_every_step_with_its_numbers_and_state(marin):
 
 
 def test_marin_mixture_tokens_per_source_and_phase(marin):
-    from ladder.report import mixture_tokens
+    from ladder.views.report import mixture_tokens
 
     summary = {r["name"][0]: r for r in _tables(marin["page"])["mixture-table"]}
     assert "phase 1: steps 312,192-390,251" in summary["hero"]["phases"][0]  # Marin's block-aligned switch
@@ -208,7 +208,7 @@ def test_marin_alerts_include_the_runs_alert_stream(marin):
 
 
 def test_marin_charts_embed_the_plot_tables(marin):
-    from ladder.plot_html import embedded_data
+    from ladder.views.html import embedded_data
 
     payload = embedded_data(marin["page"])
     assert [p["id"] for p in payload["panels"]] == list(PANELS)

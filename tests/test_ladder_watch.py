@@ -11,7 +11,7 @@ from forecasting.forecast import CurvePoint, Forecast, TargetSpec
 from ladder.alerts import Alert, append_alerts
 from ladder.fitting import store_forecast
 from ladder.store import Store
-from ladder.watch import WatchState, watch_command
+from ladder.views.watch import WatchState, watch_command
 
 
 def _app() -> typer.Typer:

@@ -18,10 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-
-from ladder.plots import BAND_COLOR, FIRST_BAND_COLOR, X_COLUMNS, X_LABELS, PlotData, drawn_band, zoom_range
-
-RUNG_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+from ladder.views.common import BAND_COLOR, FIRST_BAND_COLOR, RUNG_COLORS, X_COLUMNS, X_LABELS, PlotData, drawn_band, zoom_range
 
 
 def _nums(values) -> list[float | None]:

@@ -1,16 +1,8 @@
 """`ladder plot`: what the ladder predicted for a target against what the target did, as a PNG or an HTML page.
 
-Why a data layer first: the PNG (matplotlib), the interactive HTML page (ladder.plot_html) and the tests
-all read the same plain tables (`PlotData`), so a number on a chart can be checked without looking at
-pixels, and a second renderer costs no second reading of the store. The tables are:
-
-- rungs:     the ladder's curves (run, step, tokens, flops, loss),
-- fits:      the fitted law's curve for each rung (matched progress when the ladder holds whole curves,
-             else the compute law L(C) through the rungs' final points),
-- band:      the newest stored forecast of the target (step, tokens, flops, loss, lo, hi),
-- history:   one row per stored forecast version (final loss and its interval): how the forecast moved,
-- actual:    the target's own curve so far (partially finished runs included),
-- residuals: actual / predicted - 1 at every actual point, for every forecast version.
+Why a data layer first: the PNG (views.png), the interactive HTML page (views.html), the report and the
+tests all read the same plain tables (`PlotData`, views.common), so a number on a chart can be checked without
+looking at pixels, and a second renderer costs no second reading of the store. This module builds them.
 
 Sources: an experiment file + store (run directories and `{root}/forecasts/{target}/{n}.json`), a table
 file (CSV/parquet, or a folder of run directories) with an optional forecast JSON, or the special source
@@ -23,73 +15,20 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import math
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 import typer
 
 from ladder.alerts import band_at_step
+from ladder.views.common import (
+    BAND_COLUMNS, CURVE_COLUMNS, HISTORY_COLUMNS, RESIDUAL_COLUMNS, X_COLUMNS, NothingToPlot, PlotData, PlotInputError,
+)
 
 MARIN_SOURCE = "marin-535b-public"
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".tsv")
-X_COLUMNS = {"compute": "flops", "tokens": "tokens"}
-BAND_COLOR, FIRST_BAND_COLOR = "#6a3d9a", "#999999"
-X_LABELS = {"compute": "training compute (FLOPs)", "tokens": "training tokens"}
-CURVE_COLUMNS = ["run", "step", "tokens", "flops", "loss"]
-BAND_COLUMNS = ["step", "tokens", "flops", "loss", "lo", "hi"]
-HISTORY_COLUMNS = ["version", "method", "created_at", "final_loss", "final_loss_lo", "final_loss_hi", "live_points"]
-RESIDUAL_COLUMNS = ["version", "step", "tokens", "flops", "loss", "predicted", "lo", "hi", "residual"]
-
-
-class PlotInputError(ValueError):
-    """A source, target or output that cannot be plotted; the message says what to change."""
-
-
-class NothingToPlot(RuntimeError):
-    """A valid source with nothing in it yet: no rung metrics, no target metrics, no stored forecast."""
-
-
-@dataclass
-class PlotData:
-    """Everything a plot shows, as plain tables (see the module docstring)."""
-
-    title: str
-    target: str | None
-    method: str | None
-    rungs: pd.DataFrame
-    fits: pd.DataFrame
-    band: pd.DataFrame
-    bands: pd.DataFrame
-    history: pd.DataFrame
-    actual: pd.DataFrame
-    residuals: pd.DataFrame
-    loss_label: str = "eval loss (nats/token)"
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict: every table as a list of row dicts (NaN -> None)."""
-
-        def rows(df: pd.DataFrame) -> list[dict]:
-            clean = df.astype(object).where(pd.notna(df), None)
-            return [{k: _plain(v) for k, v in row.items()} for row in clean.to_dict(orient="records")]
-
-        return {
-            "title": self.title, "target": self.target, "method": self.method, "loss_label": self.loss_label,
-            "warnings": list(self.warnings),
-            **{name: rows(getattr(self, name)) for name in ("rungs", "fits", "band", "bands", "history", "actual", "residuals")},
-        }
-
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating, float)):
-        return float(v) if math.isfinite(float(v)) else None
-    return v
 
 
 # ---------------------------------------------------------------- building the tables
@@ -160,19 +99,6 @@ def _band_table(forecast) -> pd.DataFrame:
 def _all_bands(forecasts: list) -> pd.DataFrame:
     frames = [_band_table(f).assign(version=int(f.version), method=f.method) for f in forecasts if f.curve]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["version", "method", *BAND_COLUMNS])
-
-
-def drawn_band(data: PlotData, version: int | None = None) -> pd.DataFrame:
-    """The band as drawn: a refit's curve before the target's first actual eval (its live law extrapolated
-    backwards, not evidence) is left out; the tables keep it."""
-    if version is None:
-        band, method = data.band, data.method or ""
-    else:
-        band = data.bands[data.bands["version"] == version]
-        method = str(band["method"].iloc[0]) if not band.empty else ""
-    if method.startswith("refit") and not data.actual.empty:
-        band = band[band["step"] >= float(data.actual["step"].min())]
-    return band
 
 
 def _history_table(forecasts: list) -> pd.DataFrame:
@@ -372,129 +298,7 @@ def plot_data(source: str, target: str | None = None, *, root: str | None = None
     return experiment_plot_data(source, target, root)
 
 
-# ---------------------------------------------------------------- PNG
-
-
-def _x(df: pd.DataFrame, x: str) -> np.ndarray:
-    return df[X_COLUMNS[x]].to_numpy(float)
-
-
-def zoom_range(data: PlotData, x: str) -> tuple[float, float] | None:
-    """The late-curve window on the x axis: from the target's first actual point (else 5% of the band's end) to its end."""
-    col = X_COLUMNS[x]
-    ends = [float(df[col].max()) for df in (data.band, data.actual) if not df.empty and df[col].notna().any()]
-    if not ends:
-        return None
-    end = max(ends)
-    start = float(data.actual[col].min()) if not data.actual.empty and data.actual[col].notna().any() else 0.05 * end
-    return 0.8 * start, end * 1.05
-
-
-def render_png(data: PlotData, out: str | Path, x: str = "compute") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    target_name = data.target or "(no target)"
-    out = Path(out)
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    (ax_all, ax_zoom), (ax_hist, ax_res) = axes
-    colors = [c for c in plt.rcParams["axes.prop_cycle"].by_key()["color"] if c not in (BAND_COLOR, FIRST_BAND_COLOR)]
-    run_colors = {run: colors[i % len(colors)] for i, run in enumerate(sorted(data.rungs["run"].unique()))}
-    versions = sorted(int(v) for v in data.bands["version"].unique()) if not data.bands.empty else []
-    for ax in (ax_all, ax_zoom):
-        for run, rows in data.rungs.groupby("run", sort=True):
-            ax.plot(_x(rows, x), rows["loss"], "o", ms=3, color=run_colors[run], label=f"rung {run}")
-        for i, (run, rows) in enumerate(data.fits.groupby("run", sort=True)):
-            ax.plot(_x(rows, x), rows["loss"], "-", lw=1, alpha=0.7, color=run_colors.get(run, "0.4"), label="fitted law" if i == 0 else None)
-        if len(versions) > 1:
-            first = drawn_band(data, versions[0])
-            ax.plot(_x(first, x), first["loss"], "--", color=FIRST_BAND_COLOR, lw=1, label=f"{target_name}: forecast v{versions[0]} (first)")
-            ax.plot(_x(first, x), first["lo"], ":", color=FIRST_BAND_COLOR, lw=0.8)
-            ax.plot(_x(first, x), first["hi"], ":", color=FIRST_BAND_COLOR, lw=0.8)
-        band = drawn_band(data)
-        if len(band) == 1:  # a final-loss forecast: one point with its interval
-            row = band.iloc[0]
-            ax.errorbar(_x(band, x), [row["loss"]], yerr=[[row["loss"] - row["lo"]], [row["hi"] - row["loss"]]], fmt="D",
-                        color=BAND_COLOR, capsize=4, label=f"{target_name}: final loss v{versions[-1]}, 95% interval")
-        elif not band.empty:
-            bx = _x(band, x)
-            ax.fill_between(bx, band["lo"], band["hi"], color=BAND_COLOR, alpha=0.18, label=f"{target_name}: 95% band (newest)")
-            ax.plot(bx, band["loss"], color=BAND_COLOR, lw=1.5, label=f"{target_name}: forecast v{versions[-1]} (newest)")
-        if not data.actual.empty:
-            ax.plot(_x(data.actual, x), data.actual["loss"], "k^", ms=5, label=f"{target_name}: actual")
-        ax.set_xscale("log")
-        ax.set_xlabel(X_LABELS[x])
-        ax.set_ylabel(data.loss_label)
-        ax.grid(alpha=0.3, which="both")
-    ax_all.set_title("ladder, fits and target forecast")
-    if ax_all.get_legend_handles_labels()[0]:
-        ax_all.legend(fontsize=7, ncol=2)
-    window = zoom_range(data, x)
-    if window is not None:
-        ax_zoom.set_xlim(*window)
-        col = X_COLUMNS[x]
-        vals = []
-        for df, cols in ((drawn_band(data), ("lo", "hi")), (data.actual, ("loss",))):
-            inside = df[(df[col] >= window[0]) & (df[col] <= window[1])] if not df.empty else df
-            for c in cols:
-                vals.extend(inside[c].dropna().tolist() if not inside.empty else [])
-        if vals:
-            pad = 0.05 * (max(vals) - min(vals) or 0.1)
-            ax_zoom.set_ylim(min(vals) - pad, max(vals) + pad)
-    ax_zoom.set_title(f"{target_name}: late curve (zoom)")
-
-    hist = data.history
-    if not hist.empty:
-        v = hist["version"].to_numpy(int)
-        y = hist["final_loss"].to_numpy(float)
-        err = np.vstack([y - hist["final_loss_lo"].to_numpy(float), hist["final_loss_hi"].to_numpy(float) - y])
-        ax_hist.errorbar(v, y, yerr=err, fmt="o", capsize=4, color=BAND_COLOR, label="final loss, 95% interval")
-        for vi, yi, m, n in zip(v, y, hist["method"], hist["live_points"], strict=True):
-            label = f"{m} ({int(n)} live evals)" if n else m
-            ax_hist.annotate(f"{label}\n{yi:.3f}", (vi, yi), textcoords="offset points", xytext=(8, 0), fontsize=7, va="center")
-        ax_hist.ticklabel_format(axis="y", useOffset=False)
-        low, high = float(hist["final_loss_lo"].min()), float(hist["final_loss_hi"].max())
-        if high - low < 2e-3 * abs(high):  # a band of nearly zero width: show it at a readable scale
-            mid = 0.5 * (low + high)
-            ax_hist.set_ylim(mid * (1 - 2e-3), mid * (1 + 2e-3))
-        ax_hist.set_xticks(v)
-        ax_hist.set_xlim(v.min() - 0.5, v.max() + 1.0)
-        ax_hist.legend(fontsize=7)
-    else:
-        ax_hist.text(0.5, 0.5, "no stored forecast", ha="center", va="center", transform=ax_hist.transAxes)
-    ax_hist.set_xlabel("forecast version (refits are new versions)")
-    ax_hist.set_ylabel(f"predicted final {data.loss_label}")
-    ax_hist.set_title("refit history: how the forecast moved")
-    ax_hist.grid(alpha=0.3)
-
-    res = data.residuals
-    if not res.empty:
-        newest = int(res["version"].max())
-        for version, rows in res.groupby("version", sort=True):
-            rows = rows.sort_values("step")
-            ax_res.plot(_x(rows, x), 100 * rows["residual"], "o-", ms=3, lw=1, label=f"vs forecast v{version}",
-                        color=BAND_COLOR if version == newest else None, alpha=1.0 if version == newest else 0.6)
-        rows = res[res["version"] == newest].sort_values("step")
-        ax_res.fill_between(_x(rows, x), 100 * (rows["lo"] / rows["predicted"] - 1), 100 * (rows["hi"] / rows["predicted"] - 1),
-                            color=BAND_COLOR, alpha=0.15, label=f"v{newest} 95% band")
-        ax_res.axhline(0, color="k", lw=0.8)
-        ax_res.set_xscale("log")
-        ax_res.legend(fontsize=7)
-    else:
-        ax_res.text(0.5, 0.5, "no actual points with a forecast yet", ha="center", va="center", transform=ax_res.transAxes)
-    ax_res.set_xlabel(X_LABELS[x])
-    ax_res.set_ylabel("actual / predicted - 1 (%)")
-    ax_res.set_title(f"{target_name}: residuals")
-    ax_res.grid(alpha=0.3, which="both")
-
-    fig.suptitle(f"{data.title}\nmethod: {data.method or 'no forecast'}", fontsize=11)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+# ---------------------------------------------------------------- rendering
 
 
 def marin_public_plot(out_path: str | Path, x: str = "compute") -> Path:
@@ -505,9 +309,11 @@ def marin_public_plot(out_path: str | Path, x: str = "compute") -> Path:
 def render(data: PlotData, out_path: str | Path, x: str = "compute") -> Path:
     suffix = Path(out_path).suffix.lower()
     if suffix == ".png":
+        from ladder.views.png import render_png
+
         return render_png(data, out_path, x)
     if suffix in (".html", ".htm"):
-        from ladder.plot_html import render_html
+        from ladder.views.html import render_html
 
         return render_html(data, out_path, x)
     raise PlotInputError(f"--out {out_path}: the file name must end in .png or .html.")

@@ -2,7 +2,7 @@
 
 Why one self-contained file: a lab publishes run pages (Marin's are the model) that must open anywhere,
 years later, without the store, a server or a network. So everything is inline: CSS, the charts (the
-same offline SVG plotter and tables as `ladder plot`, ladder.plot_html), and the numbers themselves.
+same offline SVG plotter and tables as `ladder plot`, ladder.views.html), and the numbers themselves.
 
 Why sections that never fail: a report is wanted most when a ladder is half done (rungs finished, the
 hero blocked or running, an imported run that crashed). Each section is built on its own; what it cannot
@@ -10,7 +10,7 @@ show yet it says, in words, in the section and in the summary at the top, instea
 
 Sections: the ladder table (every step from `ladder.executor.plan`, read only), the data mixture (tokens
 per source and per phase: weights x the run's tokens between phase boundaries), the configs (collapsible
-JSON), the curves with their fits and bands (`ladder.plots.experiment_plot_data`), the target's forecast
+JSON), the curves with their fits and bands (`ladder.views.plots.experiment_plot_data`), the target's forecast
 versions against its actual curve, backtest errors (`forecasting.api.backtest` on the ladder's table),
 and alerts (each run's alerts.jsonl plus `ladder.alerts.run_alerts` over its metrics).
 """
@@ -52,7 +52,7 @@ class ReportContext:
     target: str | None
     plan_rows: list = field(default_factory=list)
     forecasts: list = field(default_factory=list)  # (version, Forecast, meta) oldest first
-    plot: Any = None  # ladder.plots.PlotData, or None when there is nothing to plot
+    plot: Any = None  # ladder.views.common.PlotData, or None when there is nothing to plot
 
 
 # ---------------------------------------------------------------- small formatting helpers
@@ -322,7 +322,7 @@ def curves_section(ctx: ReportContext) -> tuple[Section, str]:
         section.missing.append(ctx.__dict__.get("plot_error") or "nothing to plot yet: no run has logged metrics and no forecast is stored")
         section.body = "<p>No charts yet.</p>"
         return section, ""
-    from ladder.plot_html import chart_fragment
+    from ladder.views.html import chart_fragment
 
     css, body = chart_fragment(ctx.plot)
     data = ctx.plot
@@ -493,7 +493,8 @@ def build_report(experiment_ref: str, *, root: str | None = None, target: str | 
     from ladder.dag import TrainStep
     from ladder.executor import code_version, plan
     from ladder.loader import load_experiment
-    from ladder.plots import NothingToPlot, PlotInputError, experiment_plot_data
+    from ladder.views.common import NothingToPlot, PlotInputError
+    from ladder.views.plots import experiment_plot_data
     from ladder.store import Store, resolve_root
 
     exp = load_experiment(experiment_ref)
