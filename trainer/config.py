@@ -344,6 +344,9 @@ class TrainConfig(Frozen):
             "peak_flops_per_second",
             "async_checkpointing",
             "remat",
+            "param_sharding",
+            "precision",
+            "offload",
         }
     )
     # Identity fields added after runs existed are left out of a job's identity while at their default,
@@ -399,6 +402,30 @@ class TrainConfig(Frozen):
         "dropless",
         description="Expert dispatch of evaluations: 'dropless' (ragged_dot, no token dropped: eval loss measures the "
         "model, not its capacity buffers, as Marin's eval_dropless metric does) or 'as_trained' (the training dispatch).",
+    )
+    # Sharded, mixed-precision state (trainer/precision.py, trainer/sharding.py). All three are execution fields:
+    # they change where state lives and which collectives run, not what is computed (float summation order aside).
+    param_sharding: Literal["default", "zero3"] = Field(
+        "default",
+        description="Sharding rule of parameters, gradients and optimizer state: 'default' = routed experts over "
+        "'expert', every matrix over 'fsdp' only when the mesh has that axis; 'zero3' = FSDP over the data-parallel "
+        "axes too (ZeRO-3): dense matrices split over every mesh axis (all carry data parallelism outside the experts), "
+        "routed experts over 'expert' on E and over 'data'/'fsdp' on another dim; gathered on use, gradients reduced to "
+        "their shard.",
+    )
+    precision: Literal["model", "bf16_mixed"] = Field(
+        "model",
+        description="Mixed-precision policy: 'model' = float32 parameters, each loss call casting the weights it reads "
+        "to model.compute_dtype; 'bf16_mixed' = labs' policy: float32 master parameters and AdamW moments, ONE "
+        "bfloat16 copy of the matmul weights per step (norms and router stay float32), bf16 forward/backward, "
+        "gradients cast to float32 and accumulated in float32 across micro-batches. Needs model.compute_dtype="
+        "'bfloat16' (the dtype that changes results lives there).",
+    )
+    offload: Literal["none", "optimizer", "master_and_optimizer"] = Field(
+        "none",
+        description="Host offload through JAX memory kinds: 'optimizer' keeps the AdamW state in pinned host memory "
+        "between steps, 'master_and_optimizer' the float32 master parameters too; each step brings them to the device "
+        "for its update and writes them back. Needs a platform with a 'pinned_host' memory.",
     )
 
     @model_validator(mode="after")
@@ -457,6 +484,18 @@ class TrainJob(Frozen):
             raise ValueError(
                 f"train.batch_size * model.seq_len = {per_step} tokens per step exceeds train.tokens="
                 f"{self.train.tokens}; raise tokens or shrink the batch."
+            )
+        if self.train.precision == "bf16_mixed" and self.model.compute_dtype != "bfloat16":
+            raise ValueError(
+                f"train.precision='bf16_mixed' computes in bfloat16 but model.compute_dtype is "
+                f"{self.model.compute_dtype!r}; set model.compute_dtype='bfloat16' or train.precision='model'."
+            )
+        moe, expert_shards = self.model.moe, (self.train.mesh or {}).get("expert", 1)
+        if moe is not None and moe.dispatch in ("alltoall", "ragged_alltoall") and moe.num_experts % expert_shards:
+            raise ValueError(
+                f"model.moe.dispatch={moe.dispatch!r} places moe.num_experts={moe.num_experts} experts on the "
+                f"train.mesh['expert']={expert_shards} shards, which does not divide them; pick an expert axis that divides "
+                "the number of experts."
             )
         if self.data.tokenizer is None and self.model.vocab_size < 256:
             raise ValueError(
