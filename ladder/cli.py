@@ -897,6 +897,7 @@ def _register_commands_from_modules() -> None:
     from ladder.importer import import_command
     from ladder.views.plots import plot_command
     from ladder.views.report import report_command
+    from ladder.views.serve import serve_command
     from ladder.views.watch import watch_command
 
     app.command("import")(import_command)
@@ -904,6 +905,7 @@ def _register_commands_from_modules() -> None:
     app.command("plot")(plot_command)
     app.command("watch")(watch_command)
     app.command("report")(report_command)
+    app.command("serve")(serve_command)
     app.command("demo")(demo_command)
 
 
