@@ -50,6 +50,8 @@ def identity_payload(config: BaseModel) -> dict:
 class MoEConfig(Frozen):
     """Routed mixture-of-experts FFN (per MoE layer)."""
 
+    OMITTED_AT_DEFAULT: ClassVar[dict[str, object]] = {"latent_norm": False}
+
     num_experts: int = Field(8, ge=1, description="Routed experts E per MoE layer.")
     top_k: int = Field(2, ge=1, description="Experts each token is routed to.")
     expert_dim: int = Field(256, ge=1, description="Intermediate width of one routed SwiGLU expert.")
@@ -62,6 +64,10 @@ class MoEConfig(Frozen):
         ge=1,
         description="LatentMoE: project d -> latent_dim before the routed experts and back after "
         "(Marin's hero); None runs experts at the hidden width.",
+    )
+    latent_norm: bool = Field(
+        False, description="LatentMoE: RMSNorm (learned gain) on the latent input of the routed experts (Marin's "
+        "latent_norm); read only with latent_dim.",
     )
     num_dense_layers: int = Field(0, ge=0, description="Leading layers that use a dense SwiGLU FFN instead.")
     router_score: Literal["sigmoid", "softmax"] = Field(
@@ -119,7 +125,21 @@ class MoEConfig(Frozen):
 class ModelConfig(Frozen):
     """Decoder-only transformer with optional MoE FFNs."""
 
-    OMITTED_AT_DEFAULT: ClassVar[dict[str, object]] = {"scan_layers": False}
+    OMITTED_AT_DEFAULT: ClassVar[dict[str, object]] = {
+        "scan_layers": False,
+        # Marin's block pieces (trainer/blocks.py): off by default, so earlier jobs keep their identity
+        "gated_norm_rank": None,
+        "embed_norm": False,
+        "sconv_kernel": None,
+        "sconv_sites": ["k", "attn", "mlp"],
+        "qk_norm": False,
+        "qk_mult": 1.0,
+        "rope_global_layers": True,
+        "rope_fraction": 1.0,
+        "xsa": False,
+        "head_gate": False,
+        "kv_heads_layout": "per_layer",
+    }
 
     vocab_size: int = Field(256, ge=2, description="Vocabulary size (256 for the byte tokenizer).")
     hidden_dim: int = Field(128, ge=1, description="Residual stream width d.")
@@ -160,6 +180,46 @@ class ModelConfig(Frozen):
         "results as the unrolled loop up to float rounding, but a different parameter/checkpoint layout, so "
         "it is part of a job's identity when on.",
     )
+    # Marin's hero block (trainer/blocks.py); each default is the plain block
+    gated_norm_rank: int | None = Field(
+        None, ge=1, description="GatedNorm rank (Marin: 128): after the attention and MLP RMSNorms (and the embed/final "
+        "norms) x is gated by sigmoid(silu(x W_down) W_up); None = no GatedNorm.",
+    )
+    embed_norm: bool = Field(
+        False, description="RMSNorm (plus a GatedNorm when gated_norm_rank is set) right after the token embedding (Marin)."
+    )
+    sconv_kernel: int | None = Field(
+        None, ge=1, description="Taps of the short depthwise causal convolutions at sconv_sites (Marin: 4); None = none."
+    )
+    sconv_sites: tuple[Literal["k", "v", "attn", "mlp"], ...] = Field(
+        ("k", "attn", "mlp"),
+        description="Where short convolutions run: 'k'/'v' after the key/value projections, 'attn' on the attention "
+        "output, 'mlp' on the FFN output (Marin's hero: k, attn, mlp). Read only with sconv_kernel.",
+    )
+    qk_norm: bool = Field(False, description="Non-parametric RMS normalisation of each query and key head (Marin).")
+    qk_mult: float = Field(
+        1.0, gt=0, description="Multiplier on the queries on top of 1/sqrt(head_dim) (Marin: 1.3 with qk_norm)."
+    )
+    rope_global_layers: bool = Field(
+        True, description="Rotary embedding on global layers too; False = RoPE on sliding-window layers only (Marin)."
+    )
+    rope_fraction: float = Field(
+        1.0, gt=0, le=1, description="Fraction of each head's channels that rotary embedding rotates (Marin's "
+        "half-RoPE: 0.5); the rest carry no position.",
+    )
+    xsa: bool = Field(
+        False, description="Exclusive self-attention: remove from each head's output its component along that head's "
+        "own value vector (Marin).",
+    )
+    head_gate: bool = Field(
+        False, description="Per-head attention-output gate 2*sigmoid(x W_gate) before w_o, W_gate zero-initialised (Marin)."
+    )
+    kv_heads_layout: Literal["per_layer", "stored_max"] = Field(
+        "per_layer",
+        description="'per_layer': each layer allocates its own KV heads; 'stored_max': every layer allocates "
+        "max(num_kv_heads, global_kv_heads) and global layers use the first global_kv_heads of them (Marin's "
+        "layout, which its parameter counts count).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
@@ -179,11 +239,36 @@ class ModelConfig(Frozen):
             raise ValueError(
                 f"moe.num_dense_layers={self.moe.num_dense_layers} exceeds num_layers={self.num_layers}."
             )
+        rotary = self.resolved_head_dim * self.rope_fraction
+        if rotary != int(rotary) or int(rotary) % 2:
+            raise ValueError(
+                f"rope_fraction={self.rope_fraction} of head_dim={self.resolved_head_dim} is {rotary} channels; rotary "
+                "embedding rotates channel pairs, so pick a fraction that gives an even whole number."
+            )
+        if len(set(self.sconv_sites)) != len(self.sconv_sites) or (self.sconv_kernel and not self.sconv_sites):
+            raise ValueError(
+                f"sconv_sites={list(self.sconv_sites)} must name each site at most once and at least one site when "
+                "sconv_kernel is set; use a subset of ['k', 'v', 'attn', 'mlp']."
+            )
         return self
 
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.hidden_dim // self.num_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels per head that rotary embedding rotates (the first ones; all with rope_fraction 1)."""
+        return int(self.resolved_head_dim * self.rope_fraction)
+
+    @property
+    def stored_kv_heads(self) -> int:
+        """KV heads Marin's layout allocates on every layer: max(local, global)."""
+        return max(self.resolved_kv_heads, self.resolved_global_kv_heads)
+
+    def sconv_at(self, site: str) -> bool:
+        """Whether a short convolution runs at `site` ('k', 'v', 'attn', 'mlp')."""
+        return self.sconv_kernel is not None and site in self.sconv_sites
 
     @property
     def resolved_kv_heads(self) -> int:

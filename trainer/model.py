@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trainer import blocks as pieces
 from trainer import moe as moe_lib
 from trainer.config import ModelConfig
 
@@ -47,6 +48,12 @@ _MASKED = -1e9  # additive mask; finite so a fully masked row could never produc
 def layer_kv_heads(cfg: ModelConfig, layer: int) -> int:
     """KV heads of one layer: global layers may use fewer (Marin: 1-6 global vs 1-12 local)."""
     return cfg.resolved_global_kv_heads if cfg.is_global_layer(layer) else cfg.resolved_kv_heads
+
+
+def layer_stored_kv_heads(cfg: ModelConfig, layer: int) -> int:
+    """KV heads a layer allocates: its own (``kv_heads_layout="per_layer"``) or Marin's max(local, global)
+    on every layer, of which a global layer uses the first ``global_kv_heads``."""
+    return cfg.stored_kv_heads if cfg.kv_heads_layout == "stored_max" else layer_kv_heads(cfg, layer)
 
 
 def layer_window(cfg: ModelConfig, layer: int) -> int | None:
@@ -77,6 +84,8 @@ def _ffn_shapes(cfg: ModelConfig, layer: int) -> dict:
     if m.latent_dim:
         shapes["latent_down"] = (d, m.latent_dim)
         shapes["latent_up"] = (m.latent_dim, d)
+        if m.latent_norm:
+            shapes["latent_norm"] = (m.latent_dim,)
     if m.num_shared_experts:
         width = m.num_shared_experts * (m.shared_expert_dim or m.expert_dim)
         # n shared SwiGLU experts that are always on are exactly one SwiGLU of n-fold width.
@@ -88,17 +97,41 @@ def param_shapes(cfg: ModelConfig) -> dict:
     """The parameter pytree as shapes only: the single source of truth for init, accounting and sharding."""
     d, h, k = cfg.hidden_dim, cfg.num_heads, cfg.resolved_head_dim
     blocks = {}
+    gated = {"w_down": (d, cfg.gated_norm_rank), "w_up": (cfg.gated_norm_rank, d)} if cfg.gated_norm_rank else None
+    conv = cfg.sconv_kernel
     for i in range(cfg.num_layers):
-        g = layer_kv_heads(cfg, i)
-        blocks[f"{i:03d}"] = {
-            "attn_norm": (d,),
-            "attention": {"wq": (d, h, k), "wk": (d, g, k), "wv": (d, g, k), "wo": (h, k, d)},
-            "ffn_norm": (d,),
-            "ffn": _ffn_shapes(cfg, i),
-        }
+        g = layer_stored_kv_heads(cfg, i)
+        attention = {"wq": (d, h, k), "wk": (d, g, k), "wv": (d, g, k), "wo": (h, k, d)}
+        if cfg.head_gate:
+            attention["head_gate"] = (d, h)
+        for site in ("k", "v"):
+            if cfg.sconv_at(site):
+                attention[f"sconv_{site}"] = (conv, g * k)
+        block: dict = {"attn_norm": (d,)}
+        if gated:
+            block["attn_gated_norm"] = dict(gated)
+        block["attention"] = attention
+        if cfg.sconv_at("attn"):
+            block["sconv_attn"] = (conv, d)
+        block["ffn_norm"] = (d,)
+        if gated:
+            block["ffn_gated_norm"] = dict(gated)
+        block["ffn"] = _ffn_shapes(cfg, i)
+        if cfg.sconv_at("mlp"):
+            block["sconv_ffn"] = (conv, d)
+        blocks[f"{i:03d}"] = block
     shapes: dict = {"embed": (cfg.vocab_size, d), "blocks": blocks, "final_norm": (d,)}
+    if cfg.embed_norm:
+        shapes["embed_norm"] = (d,)
+        if gated:
+            shapes["embed_gated_norm"] = dict(gated)
+    if gated:
+        shapes["final_gated_norm"] = dict(gated)
     if not cfg.tie_embeddings:
         shapes["lm_head"] = (d, cfg.vocab_size)
+    if cfg.scan_layers:  # the stacked layout of trainer/layers_scan.py: a leading axis per scanned segment
+        stack = lambda per_layer: (len(per_layer), *per_layer[0])  # noqa: E731
+        shapes["blocks"] = layers_scan.stack_blocks(blocks, layer_segments(cfg), stack, is_leaf=_is_shape)
     return shapes
 
 
@@ -121,15 +154,15 @@ def _init_params_jit(cfg: ModelConfig, key: jax.Array) -> Params:
     # output shardings no device materialises a flat copy of every parameter.
     shapes = param_shapes(cfg)
     paths_and_shapes, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
-    is_norm = [_path_names(path)[-1].endswith("norm") for path, _ in paths_and_shapes]
+    fixed = [_fixed_init(_group_of(_path_names(path))) for path, _ in paths_and_shapes]
     sizes = [int(np.prod(shape)) for _, shape in paths_and_shapes]
     std = cfg.resolved_init_std
-    num_drawn = sum(n for n, norm in zip(sizes, is_norm) if not norm)
+    num_drawn = sum(n for n, constant in zip(sizes, fixed) if constant is None)
     draws = std * jax.random.normal(key, (num_drawn,), jnp.float32) if num_drawn <= _FLAT_INIT_MAX else None
     leaves, offset = [], 0
-    for index, ((_, shape), size, norm) in enumerate(zip(paths_and_shapes, sizes, is_norm)):
-        if norm:
-            leaves.append(jnp.ones(shape, jnp.float32))
+    for index, ((_, shape), size, constant) in enumerate(zip(paths_and_shapes, sizes, fixed)):
+        if constant is not None:
+            leaves.append(constant(shape))
         elif draws is None:
             leaves.append(std * jax.random.normal(jax.random.fold_in(key, index), shape, jnp.float32))
         else:
@@ -139,6 +172,16 @@ def _init_params_jit(cfg: ModelConfig, key: jax.Array) -> Params:
 
 
 _FLAT_INIT_MAX = 64 * 2**20  # parameters drawn in one flat vector (about 256 MB of float32)
+
+
+def _fixed_init(group: str):
+    """The deterministic initialiser of a group, or None for a Normal(0, init_std) draw: unit gains, identity
+    convolutions and zero head gates (so each Marin piece starts as a pass-through: gate 2*sigmoid(0) = 1)."""
+    return {
+        "norm": lambda shape: jnp.ones(shape, jnp.float32),
+        "conv": pieces.identity_conv_kernel,
+        "attention_gate": lambda shape: jnp.zeros(shape, jnp.float32),
+    }.get(group)
 
 
 def init_router_state(cfg: ModelConfig) -> RouterState:
@@ -162,6 +205,12 @@ def _group_of(names: list[str]) -> str:
         return "embedding"
     if names[0] == "lm_head":
         return "lm_head"
+    if last.startswith("sconv_"):
+        return "conv"
+    if last == "head_gate":
+        return "attention_gate"
+    if any(name.endswith("gated_norm") for name in names):
+        return "gated_norm"
     if last.endswith("norm"):
         return "norm"
     if "attention" in names:
@@ -180,7 +229,11 @@ def _group_of(names: list[str]) -> str:
 def param_groups(params: Params) -> Any:
     """Same structure as params, each leaf replaced by its group name (weight-decay masks, per-group norms).
 
-    Groups: embedding, lm_head, norm, attention, router, experts, shared_experts, latent_projection, dense_ffn.
+    Groups: embedding, lm_head, norm (RMSNorm gains, latent_norm included), attention (wq/wk/wv/wo), router,
+    experts, shared_experts, latent_projection, dense_ffn, and Marin's block pieces: gated_norm (the GatedNorm
+    W_down/W_up matrices; Marin trains them with MuonH like other matrices), attention_gate (the per-head
+    ``head_gate`` [D, H]; Adam in Marin) and conv (short-convolution kernels [W, C]; Adam in Marin, and
+    identity-initialised, so they should not be weight-decayed towards zero).
     """
     return jax.tree_util.tree_map_with_path(lambda path, _: _group_of(_path_names(path)), params)
 
@@ -189,11 +242,7 @@ def param_groups(params: Params) -> Any:
 # Building blocks
 
 
-def rms_norm(x_TxD: jax.Array, gain_D: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm: rescale each position to unit root-mean-square, then a learned per-channel gain."""
-    x32 = x_TxD.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps) * gain_D.astype(jnp.float32)
-    return normed.astype(x_TxD.dtype)
+rms_norm = pieces.rms_norm  # RMSNorm with a learned gain (lives in trainer.blocks so trainer.moe can use it too)
 
 
 def rotary_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -204,7 +253,14 @@ def rotary_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray
 
 
 def apply_rotary(x_BxLxHxK: jax.Array, cos_LxK2: np.ndarray, sin_LxK2: np.ndarray) -> jax.Array:
-    """Rotate channel pairs (i, i + K/2) by position-dependent angles: relative position in q.k."""
+    """Rotate channel pairs (i, i + K/2) by position-dependent angles: relative position in q.k.
+
+    With tables for fewer channels than K (``ModelConfig.rope_fraction`` < 1, Marin's half-RoPE) only the
+    first 2 * K2 channels rotate; the rest pass through without position."""
+    rotary = 2 * cos_LxK2.shape[-1]
+    if rotary < x_BxLxHxK.shape[-1]:
+        rotated = apply_rotary(x_BxLxHxK[..., :rotary], cos_LxK2, sin_LxK2)
+        return jnp.concatenate([rotated, x_BxLxHxK[..., rotary:]], axis=-1)
     half = x_BxLxHxK.shape[-1] // 2
     cos, sin = cos_LxK2[:, None, :], sin_LxK2[:, None, :]
     x1, x2 = x_BxLxHxK[..., :half], x_BxLxHxK[..., half:]
@@ -256,7 +312,16 @@ def _attention_backward(residuals, d_out):
 _masked_softmax_attention.defvjp(_attention_forward, _attention_backward)
 
 
-def attention(p: dict, x_TxD: jax.Array, batch: int, cfg: ModelConfig, window: int | None) -> jax.Array:
+def attention(
+    p: dict,
+    x_TxD: jax.Array,
+    batch: int,
+    cfg: ModelConfig,
+    window: int | None,
+    *,
+    kv_heads: int | None = None,
+    rope: bool = True,
+) -> jax.Array:
     """Rotary grouped-query attention over tokens flattened to [T = B*L, D], written as plain GEMMs.
 
     - Projections are 2-D matmuls on [T, D] (XLA:CPU ran a 3-D SwiGLU 3-4x slower than the same
@@ -270,25 +335,42 @@ def attention(p: dict, x_TxD: jax.Array, batch: int, cfg: ModelConfig, window: i
     Measured on this 2-core CPU, one layer fwd+bwd incl. projections, B16 L256 H4 K32 (median of 12,
     interleaved): 32 ms here, against 58 ms for one full masked einsum and 70 ms for
     ``jax.nn.dot_product_attention(is_causal=True)``.
+
+    Marin's pieces (``trainer.blocks``, each behind its ModelConfig field): short causal convolutions on the
+    flat K/V projections (``sconv_k``/``sconv_v``), then ``kv_heads`` < allocated heads keeps the first ones
+    (``kv_heads_layout="stored_max"`` on a global layer); non-parametric q/k RMS (``qk_norm``); RoPE only when
+    ``rope`` (``_block`` turns it off on global layers when ``rope_global_layers`` is False) and on the first
+    ``cfg.rotary_dim`` channels; queries scaled by ``qk_mult / sqrt(head_dim)``; after the core, XSA and the
+    per-head gate ``2 * sigmoid(x @ head_gate)``, then ``wo``.
     """
     d = x_TxD.shape[-1]
     length = x_TxD.shape[0] // batch
     _, num_heads, head_dim = p["wq"].shape
-    num_kv = p["wk"].shape[1]
+    num_kv = kv_heads or p["wk"].shape[1]
     group = num_heads // num_kv
-    cos, sin = rotary_tables(length, head_dim, cfg.rope_theta)
+    cos, sin = rotary_tables(length, cfg.rotary_dim, cfg.rope_theta)
 
-    def project(w_DxNxK: jax.Array) -> jax.Array:
+    def project(w_DxNxK: jax.Array, conv: str | None = None) -> jax.Array:
         n = w_DxNxK.shape[1]
-        return (x_TxD @ w_DxNxK.reshape(d, n * head_dim)).reshape(batch, length, n, head_dim)
+        flat_TxNK = x_TxD @ w_DxNxK.reshape(d, n * head_dim)
+        if conv is not None and conv in p:
+            flat_TxNK = pieces.short_causal_conv_tokens(flat_TxNK, p[conv], batch)
+        out = flat_TxNK.reshape(batch, length, n, head_dim)
+        return out[:, :, :num_kv] if conv is not None and n > num_kv else out
+
+    def position(x_BxLxNxK: jax.Array) -> jax.Array:
+        if cfg.qk_norm:
+            x_BxLxNxK = pieces.qk_rms(x_BxLxNxK)
+        return apply_rotary(x_BxLxNxK, cos, sin) if rope else x_BxLxNxK
 
     q_BxGxNxLxK = (
-        (apply_rotary(project(p["wq"]), cos, sin) * head_dim**-0.5)
+        (position(project(p["wq"])) * (cfg.qk_mult * head_dim**-0.5))
         .transpose(0, 2, 1, 3)
         .reshape(batch, num_kv, group, length, head_dim)
     )
-    k_BxGxLxK = apply_rotary(project(p["wk"]), cos, sin).transpose(0, 2, 1, 3)
-    v_BxGxLxK = project(p["wv"]).transpose(0, 2, 1, 3)
+    k_BxGxLxK = position(project(p["wk"], "sconv_k")).transpose(0, 2, 1, 3)
+    v_BxLxGxK = project(p["wv"], "sconv_v")
+    v_BxGxLxK = v_BxLxGxK.transpose(0, 2, 1, 3)
     mask_LxL = attention_mask_bias(length, window)
     block = query_block_size(length)
     outputs = []
@@ -302,7 +384,13 @@ def attention(p: dict, x_TxD: jax.Array, batch: int, cfg: ModelConfig, window: i
             q_rows, k_BxGxLxK[:, :, k_start:q_end], v_BxGxLxK[:, :, k_start:q_end], jnp.asarray(mask_RxS)
         )
         outputs.append(out.reshape(batch, num_heads, q_end - q_start, head_dim))
-    out_TxHK = jnp.concatenate(outputs, axis=2).transpose(0, 2, 1, 3).reshape(-1, num_heads * head_dim)
+    out_BxLxHxK = jnp.concatenate(outputs, axis=2).transpose(0, 2, 1, 3)
+    if cfg.xsa:  # query head h reads KV head h // group, so that is "its own" value vector
+        out_BxLxHxK = pieces.exclusive_self_attention(out_BxLxHxK, jnp.repeat(v_BxLxGxK, group, axis=2))
+    if cfg.head_gate:
+        gate_BxLxHx1 = pieces.head_gate(x_TxD, p["head_gate"]).reshape(batch, length, num_heads, 1)
+        out_BxLxHxK = out_BxLxHxK * gate_BxLxHx1.astype(out_BxLxHxK.dtype)
+    out_TxHK = out_BxLxHxK.reshape(-1, num_heads * head_dim)
     return out_TxHK @ p["wo"].reshape(num_heads * head_dim, d)
 
 
@@ -351,15 +439,35 @@ def remat_policy(remat: str):
 def _block(
     block: dict, x_TxD: jax.Array, bias_E: jax.Array | None, *, cfg: ModelConfig, layer: int, batch: int, dispatch: str
 ) -> tuple[jax.Array, dict]:
-    """One pre-norm transformer block: the unit a remat policy checkpoints."""
-    h_TxD = rms_norm(x_TxD, block["attn_norm"], cfg.norm_eps)
-    x_TxD = x_TxD + attention(block["attention"], h_TxD, batch, cfg, layer_window(cfg, layer))
-    h_TxD = rms_norm(x_TxD, block["ffn_norm"], cfg.norm_eps)
+    """One pre-norm transformer block: the unit a remat policy checkpoints.
+
+    With Marin's pieces on: RMSNorm -> GatedNorm -> attention -> short conv -> residual, then RMSNorm ->
+    GatedNorm -> FFN (routed + shared) -> short conv -> residual (``trainer.blocks``).
+    """
+    h_TxD = _pre_norm(block, "attn", x_TxD, cfg)
+    rope = cfg.rope_global_layers or not cfg.is_global_layer(layer)
+    a_TxD = attention(
+        block["attention"], h_TxD, batch, cfg, layer_window(cfg, layer), kv_heads=layer_kv_heads(cfg, layer), rope=rope
+    )
+    x_TxD = x_TxD + _branch_conv(block, "sconv_attn", a_TxD, batch)
+    h_TxD = _pre_norm(block, "ffn", x_TxD, cfg)
     if bias_E is None:
-        return x_TxD + dense_ffn(block["ffn"], h_TxD), {}
+        return x_TxD + _branch_conv(block, "sconv_ffn", dense_ffn(block["ffn"], h_TxD), batch), {}
     assert cfg.moe is not None
     y_TxD, stats = moe_lib.moe_ffn(block["ffn"], h_TxD, bias_E, cfg.moe, batch=batch, dispatch=dispatch)
-    return x_TxD + y_TxD, stats
+    return x_TxD + _branch_conv(block, "sconv_ffn", y_TxD, batch), stats
+
+
+def _pre_norm(block: dict, branch: str, x_TxD: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """The branch's RMSNorm, then its GatedNorm when the block has one."""
+    h_TxD = rms_norm(x_TxD, block[f"{branch}_norm"], cfg.norm_eps)
+    gated = block.get(f"{branch}_gated_norm")
+    return h_TxD if gated is None else pieces.gated_norm(gated, h_TxD)
+
+
+def _branch_conv(block: dict, name: str, y_TxD: jax.Array, batch: int) -> jax.Array:
+    """A branch output through its short causal convolution when the block has one."""
+    return y_TxD if name not in block else pieces.short_causal_conv_tokens(y_TxD, block[name], batch)
 
 
 def forward(
@@ -382,6 +490,10 @@ def forward(
     params = cast_for_compute(params, cfg)
     batch, length = tokens_BxL.shape
     x_TxD = params["embed"][tokens_BxL.reshape(-1)]
+    if "embed_norm" in params:  # Marin: RMSNorm (+ GatedNorm) on the embedding
+        x_TxD = rms_norm(x_TxD, params["embed_norm"], cfg.norm_eps)
+        if "embed_gated_norm" in params:
+            x_TxD = pieces.gated_norm(params["embed_gated_norm"], x_TxD)
     layer_stats = []
     moe_index = 0
     for i in range(cfg.num_layers):
@@ -394,6 +506,8 @@ def forward(
             layer_stats.append(stats)
             moe_index += 1
     x_TxD = rms_norm(x_TxD, params["final_norm"], cfg.norm_eps)
+    if "final_gated_norm" in params:
+        x_TxD = pieces.gated_norm(params["final_gated_norm"], x_TxD)
     x_TxD = x_TxD.astype(params["embed"].dtype)
     head_DxV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     logits_TxV = (x_TxD @ head_DxV).astype(jnp.float32)

@@ -25,7 +25,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from trainer.blocks import rms_norm
 from trainer.config import MoEConfig
+
+LATENT_NORM_EPS = 1e-5  # MoEConfig.latent_norm: Marin's layer_norm_eps
 
 DISPATCH_BACKENDS = ("capacity", "ragged", "dense")
 
@@ -336,6 +339,8 @@ def moe_ffn(
     routing = route(logits_TxE, bias_E, cfg)
 
     expert_in = x_TxD @ params["latent_down"] if cfg.latent_dim else x_TxD
+    if cfg.latent_dim and cfg.latent_norm:  # Marin's latent_norm; eps = its layer_norm_eps
+        expert_in = rms_norm(expert_in, params["latent_norm"], LATENT_NORM_EPS)
     routed, drop_fraction = _DISPATCH[dispatch](expert_in, routing, params["experts"], cfg)
     if cfg.latent_dim:
         routed = routed @ params["latent_up"]
