@@ -25,6 +25,7 @@ import typer
 from ladder.alerts import band_at_step
 from ladder.views.common import (
     BAND_COLUMNS, CURVE_COLUMNS, HISTORY_COLUMNS, RESIDUAL_COLUMNS, X_COLUMNS, NothingToPlot, PlotData, PlotInputError,
+    order_runs,
 )
 
 MARIN_SOURCE = "marin-535b-public"
@@ -46,8 +47,9 @@ def _curve_table(table: pd.DataFrame) -> pd.DataFrame:
 def rung_fits(table: pd.DataFrame, n_points: int = 40) -> tuple[pd.DataFrame, str | None]:
     """The fitted law drawn through each rung: (table of run, step, tokens, flops, loss; law formula or None).
 
-    Matched progress (one law per training fraction) when >= 3 rungs carry whole curves; otherwise the
-    compute law through the final points (run "L(C)"); an empty table when neither can be fitted.
+    Matched progress (one law per training fraction) when >= 3 rungs carry whole curves, drawn along each
+    rung that spans more than one fraction; otherwise (one eval per rung included) the compute law through the
+    final points (run "L(C)"); an empty table when neither can be fitted.
     """
     from forecasting.fitting import FitError, fit_compute_law
     from forecasting.matched_progress import fit_profiled
@@ -70,6 +72,8 @@ def rung_fits(table: pd.DataFrame, n_points: int = 40) -> tuple[pd.DataFrame, st
                 # the law exists only at the fractions it was fitted on (beyond them it is held flat): draw it there
                 g_hi = min(float(last["fraction"]), max(fit.fractions))
                 g_lo = min(max(float(rows["fraction"].min()), min(fit.fractions), 1e-4), g_hi)
+                if g_hi <= g_lo * (1 + 1e-9):  # one eval (or one fitted fraction): no curve to draw through it
+                    continue
                 g = np.geomspace(g_lo, g_hi, n_points)
                 steps = g * float(last["step"] / last["fraction"])
                 per_step_tokens = float(last["tokens"] / last["step"]) if pd.notna(last.get("tokens", np.nan)) else np.nan
@@ -147,6 +151,7 @@ def assemble(
         title=title, target=target, method=method, rungs=_curve_table(rung_table), fits=fits,
         band=_band_table(newest), bands=_all_bands(forecasts), history=_history_table(forecasts), actual=actual_curve,
         residuals=_residual_table(actual_curve, forecasts), loss_label=loss_label, warnings=list(warnings or []),
+        rung_order=order_runs(rung_table),
     )
 
 
