@@ -74,12 +74,12 @@ class Ladder:
     """A store as a live ladder leaves it: three finished rungs, a hero a quarter of the way with two hosts, two
     forecast versions (the ladder's and a refit), one alert in the hero's alerts.jsonl."""
 
-    def __init__(self, root: str, exp_file: Path):
+    def __init__(self, root: str, exp_file: Path, rungs: tuple[str, ...] = ("r32", "r48", "r64")):
         self.experiment = str(exp_file)
         self.dag = load_experiment(self.experiment).dag
         self.store = Store(root)
         self.root = root
-        for name in ("r32", "r48", "r64"):
+        for name in rungs:
             derived = self.dag[name].derived
             run_dir = self._run_dir(name)
             self.store.write_json(f"{run_dir}/spec.json", {"name": name, "derived": derived.model_dump()})
@@ -127,10 +127,10 @@ class Ladder:
         return self.evals
 
 
-def _make(tmp_path: Path, root: str | None = None) -> Ladder:
+def _make(tmp_path: Path, root: str | None = None, **kw) -> Ladder:
     exp_file = tmp_path / "tiny_ladder.py"
     exp_file.write_text(EXPERIMENT)
-    return Ladder(root or str(tmp_path / "store"), exp_file)
+    return Ladder(root or str(tmp_path / "store"), exp_file, **kw)
 
 
 def _tree_digest(path: Path) -> str:
@@ -176,7 +176,7 @@ def test_each_poll_reads_only_what_was_appended(tmp_path):
     hero = page.feeds["hero"]
     size = os.path.getsize(f"{ladder.hero_dir}/metrics.jsonl")
     assert hero.offset == size
-    assert page.poll() is None or "runs" not in (page.deltas[-1] if page.deltas else {})  # nothing new: no run delta
+    assert page.poll() is None  # nothing new (a heartbeat's age aside): no delta, and the browser is not woken
     ladder.grow(200)
     # a writer caught mid-line: the torn line waits for its newline
     _append(ladder.store, f"{ladder.hero_dir}/metrics.jsonl", '{"step": 210, "eval/lo')
@@ -194,6 +194,19 @@ def test_each_poll_reads_only_what_was_appended(tmp_path):
     # what a reconnecting browser missed, in order; too old a cursor asks for a reload
     assert [d["seq"] for d in page.deltas_since(page.seq - 2)] == [page.seq - 1, page.seq]
     assert page.deltas_since(page.seq) == []
+
+
+def test_a_long_catch_up_sends_the_run_whole_and_thinned(tmp_path):
+    ladder = _make(tmp_path)
+    page = LivePage(ladder.experiment, ladder.root)
+    page.poll()
+    evals = ladder.grow(60_100, eval_every=1000)  # 6,000 train lines at once: the server was paused, or a browser slept
+    delta = page.poll()["runs"]["hero"]
+    assert set(delta) == {"replace", "alerts", "summary"}
+    run = delta["replace"]
+    assert len(run["evals"]) == evals and len(page.feeds["hero"].train_steps) == 6010
+    assert len(run["train"]) <= 2001 and run["train"][-1] == [60_100, 5.0 - 60_100 / 1000]
+    assert len(run["hosts"]["1"]) <= 2001 and run["summary"]["step"] == 60_100
 
 
 def test_new_forecast_versions_and_alerts_arrive_as_deltas(tmp_path):
@@ -218,7 +231,40 @@ def test_a_run_without_an_overlay_gets_derived_alerts(tmp_path):
     delta = page.poll()
     found = [(a["kind"], a["step"], a["source"]) for a in delta["runs"]["hero"]["alerts"]]
     assert found == [("loss_spike", 400, "derived by this page")]
-    assert page.poll() is None or not (page.deltas[-1].get("runs") or {}).get("hero", {}).get("alerts")
+    assert page.poll() is None  # nothing new: the alert is not raised again
+
+
+def test_a_long_history_derives_alerts_over_its_tail_only(tmp_path, monkeypatch):
+    import ladder.views.serve as serve
+
+    ladder = _make(tmp_path)
+    lines = [{"step": s, "train/loss": 4.0 - s / 1e5 + (2.0 if s in (300, 2900) else 0.0)} for s in range(110, 3000, 10)]
+    _append(ladder.store, f"{ladder.hero_dir}/metrics.jsonl", lines)
+    monkeypatch.setattr(serve, "DERIVE_TAIL_BYTES", 2000)  # about the last 50 lines
+    monkeypatch.setattr(serve, "READ_CHUNK", 1000)
+    page = LivePage(ladder.experiment, ladder.root)
+    page.poll()
+    derived = [(a["kind"], a["step"]) for a in page.feeds["hero"].alerts.values() if a["source"] == "derived by this page"]
+    assert derived == [("loss_spike", 2900)]  # the spike at step 300 lies before the tail; its rules were not run there
+    assert len(page.feeds["hero"].train_steps) == 10 + len(lines)  # every line was still read
+
+
+def test_band_alerts_are_derived_against_the_newest_forecast_unless_the_run_has_an_overlay(tmp_path):
+    from ladder.alerts import band_alerts
+
+    ladder = _make(tmp_path)
+    page = LivePage(ladder.experiment, ladder.root)
+    page.poll()
+    low = [{**_eval_line(ladder.hero, "hero", s), "eval/loss": _eval_line(ladder.hero, "hero", s)["eval/loss"] - 0.5} for s in (150, 200, 250)]
+    _append(ladder.store, f"{ladder.hero_dir}/metrics.jsonl", low)
+    found = page.poll()["runs"]["hero"]["alerts"]
+    # the same alert ladder.alerts raises from the forecast itself (band_at_step per row)
+    expected = band_alerts(low, page.forecasts["hero"].newest)
+    assert [(a["kind"], a["step"], a["message"]) for a in found] == [("band", 250, expected[0].message)]
+    # an eval with the band logged beside it: an overlay writes this run's alerts, the page derives no more
+    _append(ladder.store, f"{ladder.hero_dir}/metrics.jsonl",
+            [{**low[-1], "step": s, "forecast/loss": 4.0, "forecast/lo": 3.9, "forecast/hi": 4.1} for s in (300, 350, 400)])
+    assert not page.poll()["runs"]["hero"]["alerts"] and page.feeds["hero"].has_overlay
 
 
 def test_an_fsspec_root_is_served_the_same_way(tmp_path):
@@ -236,15 +282,19 @@ def test_an_fsspec_root_is_served_the_same_way(tmp_path):
 
 
 def test_an_imported_run_is_shown_like_our_own(tmp_path):
-    ladder = _make(tmp_path)
-    # the importer's status: a finished run whose history says where it came from
-    status = ladder.store.read_status(ladder._run_dir("r32"))
-    status["history"].append({"event": "imported", "source": "wandb-export.csv", "at": time.time()})
-    ladder.store.write_json(f"{ladder._run_dir('r32')}/status.json", status)
+    from ladder.importer import import_source
+
+    ladder = _make(tmp_path, rungs=("r48", "r64"))
+    derived = ladder.dag["r32"].derived
+    export = tmp_path / "wandb-export.csv"  # a W&B history export of a rung trained elsewhere
+    steps = sorted({max(1, round(g * derived.num_steps)) for g in np.linspace(0.1, 1.0, 10)})
+    export.write_text("_step,eval/loss\n" + "".join(f"{s},{_eval_line(derived, 'r32', s)['eval/loss']}\n" for s in steps))
+    import_source(ladder.store, ladder.dag, "r32", str(export))
     page = LivePage(ladder.experiment, ladder.root)
     page.poll()
     row = next(s for s in page.steps if s["name"] == "r32")
-    assert row["source"] == "imported from wandb-export.csv" and row["state"] == "done" and len(page.feeds["r32"].evals) == 10
+    assert row["state"] == "done" and row["source"] == f"imported from {export}"
+    assert [p[0] for p in page.feeds["r32"].evals] == steps and sorted(page.fits["curves"]) == ["r32", "r48", "r64"]
 
 
 # ---------------------------------------------------------------- the server's rules
@@ -338,6 +388,8 @@ def test_bad_input_exits_2_with_one_sentence(tmp_path):
     result = runner.invoke(_cli(), ["serve", str(tmp_path / "missing.py")])
     assert result.exit_code == 2 and "Traceback" not in result.output
     ladder = _make(tmp_path)
+    result = runner.invoke(_cli(), ["serve", ladder.experiment, "--root", "nosuchproto://bucket/runs"])
+    assert result.exit_code == 2 and "--root nosuchproto://bucket/runs: not a store" in result.output
     result = runner.invoke(_cli(), ["serve", ladder.experiment, "--root", ladder.root, "--token", "short"])
     assert result.exit_code == 2 and "--token must be at least 8 characters" in result.output
     taken = bind("127.0.0.1", 0)

@@ -52,15 +52,17 @@ from typing import Any, Optional
 
 import typer
 
-from ladder.alerts import band_alerts, band_at_step, run_alerts
+from ladder.alerts import band_alerts, run_alerts
 from ladder.store import Store
 
 STATIC_DIR = Path(__file__).with_name("serve_static")
 DEFAULT_PORT = 8765
-MAX_TRAIN_POINTS = 2000  # train-loss points per run in a snapshot (the browser thins what arrives later the same way)
+MAX_TRAIN_POINTS = 2000  # train-loss (and per-host) points per run in a snapshot; the browser thins what arrives later alike
+MAX_DELTA_POINTS = 5000  # new points of one run beyond which a delta carries the run's thinned snapshot instead
 KEEP_DELTAS = 256  # deltas a reconnecting browser can catch up from; older ones get a fresh snapshot
 FIT_EVERY = 10.0  # seconds between refits of the rung laws while rungs are still logging
-READ_CHUNK = 16 << 20  # bytes of metrics.jsonl parsed at once (a million-line log is read in pieces)
+READ_CHUNK = 4 << 20  # bytes of metrics.jsonl parsed at once (a million-line log is read in pieces)
+DERIVE_TAIL_BYTES = 8 << 20  # a long catch-up derives alerts over its last 8 MB only (alerts.jsonl is the run's record)
 SPIKE_WINDOW = 20
 BAND_CONSECUTIVE = 3
 CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; "
@@ -78,10 +80,11 @@ def _num(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def read_lines(store: Store, path: str, offset: int, limit: int = READ_CHUNK) -> tuple[list[dict[str, Any]], int, bool]:
+def read_lines(store: Store, path: str, offset: int, limit: int | None = None) -> tuple[list[dict[str, Any]], int, bool]:
     """Complete JSON-object lines of an append-only file from byte `offset`, at most about `limit` bytes of them:
     (rows, next offset, more to read). As ladder.runs.read_jsonl: a last line without its newline is a writer
     mid-append and waits for the next read; a malformed complete line is skipped; a missing file is no rows."""
+    limit = limit or READ_CHUNK
     try:
         with store.fs.open(path, "rb") as handle:
             handle.seek(offset)
@@ -147,6 +150,7 @@ class RunFeed:
     train_loss_values: array = field(default_factory=lambda: array("d"))
     hosts: dict[str, tuple[array, array]] = field(default_factory=dict)  # host rank -> (steps, tokens/s)
     alerts: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    has_overlay: bool = False
 
     def __post_init__(self) -> None:
         self._tail: list[dict[str, Any]] = []  # last logged rows: the context of the spike and norm rules
@@ -168,15 +172,28 @@ class RunFeed:
             self.params_total = _num(derived.get("params_total"))
             self.planned_tokens = _num(derived.get("tokens"))
         delta: dict[str, Any] = {"evals": [], "train": [], "hosts": {}, "alerts": []}
-        fresh: list[dict[str, Any]] = []
-        more = True
-        while more:
-            rows, self.offset, more = read_lines(store, f"{self.run_dir}/metrics.jsonl", self.offset)
+        path = f"{self.run_dir}/metrics.jsonl"
+        derive_from = self.offset
+        if self.offset == 0:
+            with contextlib.suppress(Exception):  # not every filesystem knows a size: then everything is derived
+                derive_from = max(0, int(store.fs.size(path)) - DERIVE_TAIL_BYTES)
+        derived, grew, more = [], False, True
+        while more:  # chunk by chunk, so a million-line catch-up never holds all its rows at once
+            rows, self.offset, more = read_lines(store, path, self.offset)
+            fresh: list[dict[str, Any]] = []
             for row in rows:
                 self._take(row, delta, fresh)
+            if self.offset > derive_from:
+                derived += self._derive_alerts(fresh, forecast)
+            elif fresh:  # history before the tail: the rules' context moves on without running them
+                self._tail = (self._tail + fresh)[-(SPIKE_WINDOW + 2):]
+                self._last_alert_step = max(self._last_alert_step, max(int(r["step"]) for r in fresh))
+            grew = grew or bool(fresh)
+            if not delta.get("replace") and len(delta["train"]) + len(delta["evals"]) > MAX_DELTA_POINTS:
+                delta.update(replace=True, evals=[], train=[], hosts={})  # a catch-up: the run is sent whole, thinned
         alert_rows, self.alerts_offset, _ = read_lines(store, f"{self.run_dir}/alerts.jsonl", self.alerts_offset)
         found = [{**a, "source": "alerts.jsonl"} for a in alert_rows if isinstance(a.get("kind"), str)]
-        found += [{**a.to_dict(), "source": "derived by this page"} for a in self._derive_alerts(fresh, forecast)]
+        found += [{**a.to_dict(), "source": "derived by this page"} for a in derived]
         for alert in found:
             key = (alert["kind"], int(alert.get("step") or 0))
             if key in self.alerts and self.alerts[key]["source"] == "alerts.jsonl":
@@ -184,8 +201,10 @@ class RunFeed:
             alert = {k: alert.get(k) for k in ("kind", "step", "severity", "message", "source", "time")} | {"run": self.name}
             self.alerts[key] = alert
             delta["alerts"].append(alert)
-        if not (fresh or delta["alerts"] or "truncate" in delta):
+        if not (grew or delta["alerts"] or "truncate" in delta):
             return None
+        if delta.pop("replace", False):
+            return {"replace": self.snapshot(), "alerts": delta["alerts"], "summary": self.summary()}
         delta["summary"] = self.summary()
         return delta
 
@@ -201,6 +220,7 @@ class RunFeed:
         if "event" in row:
             return
         fresh.append(row)
+        collect = not delta.get("replace")
         self.step = step
         self.tokens = _num(row.get("tokens")) or self.tokens
         train = _num(row.get("train/loss"))
@@ -209,17 +229,19 @@ class RunFeed:
             if self.keep_train:
                 self.train_steps.append(step)
                 self.train_loss_values.append(train)
-                delta["train"].append([step, train])
+                if collect:
+                    delta["train"].append([step, train])
         tps = _num(row.get("throughput/tokens_per_second"))
         if tps is not None:
             self.tokens_per_second = tps
-        for key, value in row.items():
+        for key, value in row.items() if "throughput/host0/tokens_per_second" in row else ():
             if key.startswith("throughput/host") and key.endswith("/tokens_per_second") and _num(value) is not None:
                 host = key[len("throughput/host"):-len("/tokens_per_second")]
                 steps, values = self.hosts.setdefault(host, (array("d"), array("d")))
                 steps.append(step)
                 values.append(float(value))
-                delta["hosts"].setdefault(host, []).append([step, float(value)])
+                if collect:
+                    delta["hosts"].setdefault(host, []).append([step, float(value)])
         loss = _num(row.get("eval/loss"))
         if loss is not None:
             tokens = _num(row.get("tokens"))
@@ -230,8 +252,11 @@ class RunFeed:
                 flops = 3.0 * tokens * self.flops_per_token
             point = [step, tokens, flops, loss, _num(row.get("forecast/loss")), _num(row.get("forecast/lo")),
                      _num(row.get("forecast/hi"))]
+            if point[4] is not None:
+                self.has_overlay = True  # the overlay logs the band beside each eval and writes every alert to alerts.jsonl
             self.evals.append(point)
-            delta["evals"].append(point)
+            if collect:
+                delta["evals"].append(point)
             self.eval_step, self.eval_loss = step, loss
 
     def _truncate(self, step: int, delta: dict[str, Any]) -> None:
@@ -253,20 +278,21 @@ class RunFeed:
 
     def _derive_alerts(self, fresh: list[dict[str, Any]], forecast) -> list:
         """The alert rules (ladder.alerts) over the new lines, so runs without an overlay (rungs, imported runs)
-        get alerts too. Each rule sees a bounded context (the last SPIKE_WINDOW rows, the evals since the last
-        one inside its band), so a long run costs no more per update than a short one."""
-        if not fresh:
+        get alerts too; a run with one has them all in its alerts.jsonl already. Each rule sees a bounded context
+        (the last SPIKE_WINDOW rows, the evals since the last one inside its band), so a long run costs no more
+        per update than a short one."""
+        if not fresh or self.has_overlay:
             return []
         context = self._tail + fresh
         found = [a for a in run_alerts(context, None, band_consecutive=10**9, spike_window=SPIKE_WINDOW)
                  if a.step > self._last_alert_step]
         self._last_alert_step = max(self._last_alert_step, max(int(r["step"]) for r in fresh))
         self._tail = context[-(SPIKE_WINDOW + 2):]
-        evals = [r for r in fresh if _num(r.get("eval/loss")) is not None]
+        evals = _with_bands([r for r in fresh if _num(r.get("eval/loss")) is not None], forecast)
         if evals:
             streak = self._streak + evals
             found += [a for a in band_alerts(streak, forecast, consecutive=BAND_CONSECUTIVE)]
-            inside = [i for i, r in enumerate(streak) if _inside_band(r, forecast)]
+            inside = [i for i, r in enumerate(streak) if _inside_band(r)]
             self._streak = streak[inside[-1] + 1:] if inside else streak
             if len(self._streak) > BAND_CONSECUTIVE:  # the streak's alert is out; its length no longer matters
                 self._streak = self._streak[:BAND_CONSECUTIVE] + self._streak[-1:]
@@ -279,25 +305,48 @@ class RunFeed:
                 "eval_step": self.eval_step, "tokens_per_second": self.tokens_per_second}
 
     def snapshot(self) -> dict[str, Any]:
-        n = len(self.train_steps)
-        stride = max(1, math.ceil(n / MAX_TRAIN_POINTS))
-        picks = list(range(0, n, stride)) + ([n - 1] if n and (n - 1) % stride else [])
         return {
             "role": self.role, "started": self.started, "summary": self.summary(), "evals": list(self.evals),
-            "train": [[self.train_steps[i], self.train_loss_values[i]] for i in picks],
-            "hosts": {h: [[s, v] for s, v in zip(steps, values)] for h, (steps, values) in self.hosts.items()},
+            "train": _thinned(self.train_steps, self.train_loss_values),
+            "hosts": {h: _thinned(steps, values) for h, (steps, values) in self.hosts.items()},
         }
 
 
-def _inside_band(row: dict[str, Any], forecast) -> bool:
-    keys = ("forecast/loss", "forecast/lo", "forecast/hi")
-    if all(_num(row.get(k)) is not None for k in keys):
-        band = tuple(float(row[k]) for k in keys)
-    elif forecast is not None:
-        band = band_at_step(forecast, int(row["step"]))
-    else:
+def _thinned(steps: array, values: array, limit: int = MAX_TRAIN_POINTS) -> list[list[float]]:
+    """At most about `limit` evenly spaced points of a long series, its last point always included."""
+    n = len(steps)
+    stride = max(1, math.ceil(n / limit))
+    picks = list(range(0, n, stride)) + ([n - 1] if n and (n - 1) % stride else [])
+    return [[steps[i], values[i]] for i in picks]
+
+
+BAND_KEYS = ("forecast/loss", "forecast/lo", "forecast/hi")
+
+
+def _with_bands(rows: list[dict[str, Any]], forecast) -> list[dict[str, Any]]:
+    """Eval rows with the band each is judged against: the one logged beside it, else the forecast's at its step
+    (`band_at_step`, computed for all rows at once: one interpolation in log(step) per chunk, not one per row)."""
+    need = [i for i, r in enumerate(rows) if any(_num(r.get(k)) is None for k in BAND_KEYS)]
+    if forecast is None or not need or not forecast.curve:
+        return rows
+    import numpy as np
+
+    steps = np.array([float(rows[i]["step"]) for i in need])
+    knots = np.log(np.array([max(p.step, 1) for p in forecast.curve], dtype=float))
+    x = np.log(np.maximum(steps, 1.0))
+    bands = [np.interp(x, knots, np.array([getattr(p, k) for p in forecast.curve], dtype=float)) for k in ("loss", "lo", "hi")]
+    out = list(rows)
+    for j, i in enumerate(need):
+        if len(forecast.curve) <= 1 and steps[j] < forecast.target.steps():
+            continue  # a final-loss law speaks only about the last step (band_at_step)
+        out[i] = {**rows[i], **{k: float(b[j]) for k, b in zip(BAND_KEYS, bands)}}
+    return out
+
+
+def _inside_band(row: dict[str, Any]) -> bool:
+    if any(_num(row.get(k)) is None for k in BAND_KEYS):
         return True  # no band to be outside of
-    return band is None or band[1] <= float(row["eval/loss"]) <= band[2]
+    return float(row["forecast/lo"]) <= float(row["eval/loss"]) <= float(row["forecast/hi"])
 
 
 # ---------------------------------------------------------------------------------------- the page
@@ -334,7 +383,10 @@ class LivePage:
             self.exp = load_experiment(experiment)
         except ExperimentError as error:
             raise ServeInputError(str(error)) from None
-        self.store = Store(root)
+        try:
+            self.store = Store(root)
+        except (ValueError, ImportError) as error:  # an unknown fsspec protocol, or its package is not installed
+            raise ServeInputError(f"--root {root}: not a store this machine can read ({error}).") from None
         dag = self.exp.dag
         self.dag = dag
         train = [s.name for s in dag if isinstance(s, TrainStep)]
@@ -369,7 +421,7 @@ class LivePage:
 
     def poll(self) -> dict[str, Any] | None:
         """One read of the store; the delta it produced (also kept for `deltas_since`), or None if nothing changed."""
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu = time.perf_counter(), time.thread_time()  # a poll runs in one thread: its CPU, not the server's
         with self.lock:
             delta: dict[str, Any] = {}
             versions = self._read_forecasts()
@@ -384,9 +436,9 @@ class LivePage:
             if runs:
                 delta["runs"] = runs
             steps = self._steps_table()
-            if steps != self.steps:
-                self.steps = steps
+            if _without_detail(steps) != _without_detail(self.steps):  # a heartbeat's age alone is no news
                 delta["steps"] = steps
+            self.steps = steps
             fits = self._refit_rungs(force=False)
             if fits is not None:
                 delta["fits"] = fits
@@ -395,7 +447,7 @@ class LivePage:
                 self.seq += 1
                 delta["seq"] = self.seq
                 self.deltas.append(delta)
-            self.last_poll = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "at": time.time()}
+            self.last_poll = {"wall_s": time.perf_counter() - wall, "cpu_s": time.thread_time() - cpu, "at": time.time()}
             return delta or None
 
     def _read_forecasts(self) -> dict[str, list[dict[str, Any]]]:
@@ -519,6 +571,10 @@ class LivePage:
             if held is None or version not in held.versions:
                 return None
             return self._version_entry(target, version, with_curve=True)
+
+
+def _without_detail(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k != "detail"} for row in steps]
 
 
 def _source_of(status: dict[str, Any] | None) -> str | None:
@@ -655,7 +711,10 @@ def build_app(page: LivePage, *, token: str | None = None, interval: float = 1.0
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
     async def state(request):
-        return Response(dumps(page.snapshot()), media_type="application/json")
+        import anyio
+
+        body = await anyio.to_thread.run_sync(lambda: dumps(page.snapshot()))  # a long run's snapshot must not stall the streams
+        return Response(body, media_type="application/json")
 
     async def forecast(request):
         found = page.forecast_version(request.path_params["target"], request.path_params["version"])

@@ -3,7 +3,7 @@
 "use strict";
 
 const TOKEN = new URLSearchParams(location.search).get("token");
-const MAX_TRAIN = 4000; // train-loss points kept per run; beyond, every other one is dropped (the server thins the same way)
+const MAX_TRAIN = 4000; // train-loss (and per-host) points kept per run; beyond, every other one is dropped (the server thins alike)
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
 const BAND = "#6a3d9a", FIRST = "#999999";
 const SVG = "http://www.w3.org/2000/svg";
@@ -84,6 +84,11 @@ function applyDelta(d) {
   if (d.forecasts) for (const [t, entries] of Object.entries(d.forecasts)) addVersions(t, entries);
   if (d.runs) {
     for (const [name, r] of Object.entries(d.runs)) {
+      if (r.replace) {  // a catch-up (a long pause, or the first read of a long run): the run whole, thinned
+        S.runs[name] = r.replace;
+        for (const a of r.alerts) { S.alerts.set(keyOf(a), a); S.fresh.add(keyOf(a)); }
+        continue;
+      }
       const run = S.runs[name] || (S.runs[name] = { evals: [], train: [], hosts: {}, summary: {} });
       run.started = true;
       if (r.truncate !== undefined) {
@@ -94,7 +99,7 @@ function applyDelta(d) {
       }
       run.evals.push(...r.evals);
       run.train = thin(run.train.concat(r.train));
-      for (const [h, pts] of Object.entries(r.hosts)) run.hosts[h] = (run.hosts[h] || []).concat(pts);
+      for (const [h, pts] of Object.entries(r.hosts)) run.hosts[h] = thin((run.hosts[h] || []).concat(pts));
       run.summary = r.summary;
       for (const a of r.alerts) { S.alerts.set(keyOf(a), a); S.fresh.add(keyOf(a)); }
     }
@@ -491,6 +496,7 @@ function renderHosts() {
 
 async function render() {
   renderPending = false;
+  const started = performance.now();
   document.getElementById("title").textContent = `ladder serve: ${S.experiment}`;
   document.getElementById("root").textContent = S.root;
   document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()} (seq ${S.seq})`;
@@ -501,6 +507,8 @@ async function render() {
   renderHosts();
   await renderTarget();
   document.body.dataset.seq = String(S.seq);
+  document.body.dataset.renderMs = (performance.now() - started).toFixed(1);  // read by bench/bench_serve.py
+  if (!document.body.dataset.ready) document.body.dataset.readyAt = performance.now().toFixed(1);  // ms since navigation
   document.body.dataset.ready = "1";
 }
 
