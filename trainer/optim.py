@@ -112,13 +112,16 @@ def weight_decay_mask(params: Any, groups: Any) -> Any:
 
 
 def build_optimizer(optimizer: OptimizerConfig, params: Any, groups: Any) -> optax.GradientTransformation:
-    """Global-norm clipping then AdamW, with the LR as an injectable hyperparameter.
+    """Global-norm clipping then AdamW (or, with ``name="muonh"``, Marin's MuonH / AdamH / Adam groups from
+    trainer/muon.py), with the LR as an injectable hyperparameter.
 
     The returned transformation's state has ``.hyperparams["learning_rate"]``; the train step writes
     the scheduled LR there before each update (``with_learning_rate``), so what optax applies is
     exactly ``lr_at_steps`` of the step, and the logged LR is read back from that state.
     """
     mask = weight_decay_mask(params, groups)
+    if optimizer.name == "muonh":
+        return _build_muonh(optimizer, params, groups, mask)
 
     def make(learning_rate):
         parts = []
@@ -137,6 +140,45 @@ def build_optimizer(optimizer: OptimizerConfig, params: Any, groups: Any) -> opt
         return optax.chain(*parts)
 
     return optax.inject_hyperparams(make)(learning_rate=optimizer.learning_rate)
+
+
+def _build_muonh(optimizer: OptimizerConfig, params: Any, groups: Any, decay_mask: Any) -> optax.GradientTransformation:
+    from trainer import muon
+
+    settings = muon.MuonHSettings(
+        adam_lr_ratio=optimizer.resolved_adam_learning_rate / optimizer.learning_rate,
+        momentum=optimizer.momentum,
+        nesterov=optimizer.nesterov,
+        ns_steps=optimizer.ns_steps,
+        ns_epsilon=optimizer.ns_epsilon,
+        ns_dtype=jnp.dtype(optimizer.ns_dtype),
+        beta1=optimizer.beta1,
+        beta2=optimizer.beta2,
+        epsilon=optimizer.epsilon,
+        weight_decay=optimizer.weight_decay,
+        max_grad_norm=optimizer.max_grad_norm,
+    )
+    labels = muon.optimizer_labels(params, groups)
+    adam_decay_mask = jax.tree.map(lambda m, label: bool(m and label == muon.ADAM), decay_mask, labels)
+    return muon.muonh_optimizer(settings, labels, adam_decay_mask, learning_rate=optimizer.learning_rate)
+
+
+def state_shardings(optimizer: optax.GradientTransformation, abstract_opt_state: Any, param_shardings: Any, other: Any) -> Any:
+    """The optimizer state's shardings: each copy of the parameter tree in it (AdamW mu/nu, MuonH momentum)
+    gets ``param_shardings``, everything else (counts, the injected LR) gets ``other``.
+
+    ``optax.tree_map_params`` plus the masked sub-states of ``optax.multi_transform`` (MuonH's groups):
+    a ``MaskedNode`` holds no array and stays as it is.
+    """
+    masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    return optax.tree_map_params(
+        optimizer,
+        lambda value, sharding: value if masked(value) else sharding,
+        abstract_opt_state,
+        param_shardings,
+        transform_non_params=lambda _: other,
+        is_leaf=masked,
+    )
 
 
 def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
