@@ -27,10 +27,12 @@ Constants and their reasons:
 - ``TOKENS_PER_ACTIVE_PARAM`` 791: Marin's launcher constant; steps = max(1, round(791 * active /
   (batch * 4096))) with ``active`` in Marin's convention (§3), giving 11,420/15,276/15,128/20,072/390,251.
 - ``ADAM_LR_*``: the "Aug hero LR-sweep refit" (§5a), the coefficients that actually ran (the May
-  coefficients do not reproduce the logged LRs). Marin trained matrices with MuonH at (13/3) x this LR
-  and the lm_head with AdamH at the same (13/3) x; only embeddings, router and 1-D gains used Adam at
-  this LR. Our trainer has AdamW only, so the Adam-group LR is our peak LR: the only group formula that
-  is a true AdamW learning rate. The MuonH values are kept in the tags for the record.
+  coefficients do not reproduce the logged LRs). The optimizer is Marin's (``OptimizerConfig(name="muonh")``,
+  trainer/muon.py): MuonH (Nesterov momentum 0.95, 5 quintic Newton-Schulz steps in bf16, muon eps 1e-8,
+  then the Frobenius hyperball step) for every matrix and the GatedNorm gates, AdamH for the lm_head, both
+  at min(0.05, 13/3 x the Adam LR), which is the peak ``learning_rate`` (and what ``optim/learning_rate``
+  logs, as Levanter does); Adam at the Adam LR (``adam_learning_rate``) for embeddings, router, per-head
+  gates, 1-D gains and conv kernels. Both follow the same linear schedule.
 - epsilon = 9.676e-18 * sqrt(steps) and beta2 = clip(0.999^(tokens per step / 131,072), 0.95, 0.9999): §5a.
 - beta1 0.9: the hero's W&B config (the heuristic file says 0.9062; 0.9 is what ran, §5c).
 - weight decay 0: the config says 0.1 but Marin's MuonH build never applies it (§5c); no clipping
@@ -117,7 +119,10 @@ ADAM_LR_COEFFICIENT = 0.087571
 ADAM_LR_TOKENS_EXPONENT = -0.3461
 ADAM_LR_WIDTH_EXPONENT = -0.3448
 MAX_LR = 0.05
-MUONH_LR_MULTIPLIER = 13 / 3  # Marin's MuonH and AdamH (lm_head) groups; not expressible with AdamW
+MUONH_LR_MULTIPLIER = 13 / 3  # Marin's MuonH and AdamH (lm_head) groups run at 13/3 of the Adam group's LR
+MUON_MOMENTUM = 0.95  # GrugMoeMuonHConfig: momentum 0.95, nesterov, 5 quintic steps, muon_epsilon 1e-8, bf16 NS
+MUON_EPSILON = 1e-8
+NS_STEPS = 5
 EPSILON_COEFFICIENT = 9.676e-18
 BETA1 = 0.9
 MIN_LR_FRACTION = 0.05
@@ -175,9 +180,34 @@ def marin_steps(model: ModelConfig, batch: int) -> int:
 
 
 def adam_lr(tokens: int, d: int, tokens_per_step: int) -> float:
-    """Marin's Adam-group LR (§5a); our AdamW peak. Marin's matrices (MuonH) and lm_head (AdamH) ran at
-    min(0.05, 13/3 x this): our trainer has AdamW only, so that group LR is recorded in the tags, not used."""
+    """Marin's Adam-group LR (§5a): embeddings, router, gates, gains and conv kernels."""
     return min(MAX_LR, ADAM_LR_COEFFICIENT * tokens**ADAM_LR_TOKENS_EXPONENT * d**ADAM_LR_WIDTH_EXPONENT * math.sqrt(tokens_per_step))
+
+
+def muonh_lr_for(adam: float) -> float:
+    """Marin's MuonH and AdamH (lm_head) LR: min(0.05, 13/3 x the Adam LR) (§5a)."""
+    return min(MAX_LR, MUONH_LR_MULTIPLIER * adam)
+
+
+def marin_optimizer(muonh: float, adam: float, *, steps: int, tokens_per_step: int) -> OptimizerConfig:
+    """Marin's MuonH / AdamH / Adam groups (``GrugMoeMuonHConfig``, §5c) with the heuristic's LRs, beta2 and
+    epsilon, the linear schedule (1% warmup, to 5% of peak), no weight decay and no clipping."""
+    return OptimizerConfig(
+        name="muonh",
+        learning_rate=muonh,
+        adam_learning_rate=adam,
+        beta1=BETA1,
+        beta2=beta2_for(tokens_per_step),
+        epsilon=epsilon_for(steps),
+        weight_decay=0.0,
+        max_grad_norm=None,
+        momentum=MUON_MOMENTUM,
+        nesterov=True,
+        ns_steps=NS_STEPS,
+        ns_epsilon=MUON_EPSILON,
+        ns_dtype="bfloat16",
+        schedule=ScheduleConfig(kind="linear", warmup=WARMUP_FRACTION, min_lr_fraction=MIN_LR_FRACTION),
+    )
 
 
 def beta2_for(tokens_per_step: int) -> float:
@@ -224,19 +254,12 @@ def marin_run(name: str, shape: tuple, *, hero: bool) -> TrainStep:
     steps = marin_steps(model, batch)
     tokens = steps * tokens_per_step
     lr = adam_lr(tokens, d, tokens_per_step)
+    muonh_lr = muonh_lr_for(lr)
     switch = phase_1_start_step(steps, batch)
     spec = ExperimentSpec(
         model=model,
         data=mixture("hero" if hero else "ladder", switch / steps),
-        optimizer=OptimizerConfig(
-            learning_rate=lr,
-            beta1=BETA1,
-            beta2=beta2_for(tokens_per_step),
-            epsilon=epsilon_for(steps),
-            weight_decay=0.0,
-            max_grad_norm=None,
-            schedule=ScheduleConfig(kind="linear", warmup=WARMUP_FRACTION, min_lr_fraction=MIN_LR_FRACTION),
-        ),
+        optimizer=marin_optimizer(muonh_lr, lr, steps=steps, tokens_per_step=tokens_per_step),
         train=TrainConfig(
             tokens=tokens,
             batch_size=batch,
@@ -259,7 +282,6 @@ def marin_run(name: str, shape: tuple, *, hero: bool) -> TrainStep:
             "name_tag": name_tag,
             "racks": str(racks),
             "phase_1_start_step": str(switch),
-            "muonh_lr_as_run": f"{min(MAX_LR, MUONH_LR_MULTIPLIER * lr):.10g}",
             "mixture": "hero: PR #8452 PI weights" if hero else "ladder: harrier 2026.08.17.1",
             # Marin's memory policy (reference §2-3): bf16 params on device, fp32 master on pinned host, optimizer
             # state offloaded, remat recompute_all; `ladder plan` also prints what our trainer's own policy needs

@@ -59,8 +59,9 @@ def test_hero_exact_integers(exp):
 def test_optimizer_is_the_lr_heuristic_as_run(exp, run):
     spec = exp.dag[run].spec
     o = spec.optimizer
-    assert o.learning_rate == pytest.approx(ADAM_LR[run], rel=2e-5)
-    assert float(spec.tags["muonh_lr_as_run"]) == pytest.approx(MUONH_LR[run], rel=2e-5)
+    assert o.name == "muonh" and (o.momentum, o.nesterov, o.ns_steps, o.ns_dtype) == (0.95, True, 5, "bfloat16")
+    assert o.learning_rate == pytest.approx(MUONH_LR[run], rel=2e-5)  # MuonH and AdamH (lm_head)
+    assert o.resolved_adam_learning_rate == pytest.approx(ADAM_LR[run], rel=2e-5)  # embeddings, router, gains
     assert o.epsilon == pytest.approx(EPSILON[run], rel=1e-3)
     assert o.beta2 == pytest.approx(BETA2[run], abs=5e-6)
     assert (o.beta1, o.weight_decay, o.max_grad_norm) == (0.9, 0.0, None)
