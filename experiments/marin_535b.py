@@ -17,6 +17,11 @@ mixtures are Marin's, and the derived numbers (``ladder plan``) come from ``trai
 Shared by all five (reference §2, §3, §5): head_dim 128; 384 routed experts, top-8, expert width d/2 run
 in a LatentMoE latent of width d/2; two always-on shared SwiGLU experts of width d/2; sigmoid router
 with quantile-balancing bias (10,000-bin histogram estimator), no auxiliary loss, capacity factor 1.15;
+Marin's block: RMSNorm then a rank-128 GatedNorm before attention and before the MLP (and on the embedding and
+final norms), short causal convolutions (kernel 4) on K, on the attention output and on the MLP output,
+non-parametric q/k RMS with qk_mult 1.3, half-RoPE on sliding-window layers only, XSA and the per-head
+2*sigmoid gate before w_o, every layer storing max(local, global) KV heads (global layers use the first
+global_kv_heads), and an RMSNorm on the LatentMoE latent;
 vocab 128,256, untied; sequence 4,096; sliding window 2,048 with every 4th layer (and the last) global;
 init std 0.5/sqrt(d); z-loss 1e-4; linear LR schedule, 1% warmup, decay to 5% of peak; beta1 0.9; no
 weight decay; no clipping; seed 0; 791 tokens per active parameter.
@@ -55,13 +60,16 @@ Published results: ``ladder import experiments/marin_535b.py marin-published`` (
 registers Marin's four rungs (d2048 as the failed run it is, 5%..80%) and the hero's published first
 10% as run directories of these very steps, on Marin's forecast x-axis (C without the lm_head).
 
-Marin features our trainer cannot express (the numbers above are not adjusted for them, and
-``accounting="marin"`` counts exactly what Marin's own counts count, which leaves them out too):
-MuonH/AdamH optimizer groups (we run AdamW at the Adam-group LR); GatedNorm (rank-128 sigmoid gates
-before attention and MLP, and on the embedding/final norms); sconv (kernel-4 short causal convolutions
-on k, attention output and MLP output); XSA-style removal of each head's own-value component and the
-per-head ``2*sigmoid`` attention gate; ``qk_mult`` 1.3 with non-parametric q/k RMS norms; RoPE only on
-local layers (ours ropes every layer); the ``latent_norm``; bf16 parameters with an fp32 host master
+The block pieces are ``ModelConfig`` fields (``trainer/blocks.py``): with them the trainer's allocated
+parameters plus the router bias are Marin's exact count, 535,477,106,688 for the hero (#9277, reference
+§4c); ``accounting="marin"`` still counts what Marin's own counts count (no norms, gates or convolutions).
+Small differences that remain in the block: Marin's hero uses the fused RoPE, which pairs adjacent channels
+(i, i+1) where ours pairs (i, i + 32) within the rotated half (the same rotation up to a fixed permutation of
+q/k channels, which a model trained from scratch absorbs); Marin draws weights from a normal truncated at
+3 sigma, ours untruncated.
+
+Marin features our trainer cannot express (the numbers above are not adjusted for them):
+MuonH/AdamH optimizer groups (we run AdamW at the Adam-group LR); bf16 parameters with an fp32 host master
 (ours keeps fp32 parameters and computes in bf16); Marin's pooled-wave all-to-all (3 waves, sender cf
 1.15) and its dropless ``sonic_cute`` eval backend; simulated epoching of the rungs' data to the
 18.75T-token target budget (§6c); Marin's Paloma/uncheatable validation sets (our ``eval/loss`` is the
@@ -108,6 +116,11 @@ NUM_SHARED_EXPERTS = 2
 CAPACITY_FACTOR = 1.15  # Marin's _EP_CAPACITY_FACTOR (receiver and pooled sender)
 QUANTILE_BINS = 10_000  # Marin's QB histogram estimator (qb_hist_bins)
 Z_LOSS_WEIGHT = 1e-4  # logsumexp z-loss on the final logits; #8435 credits it with fixing grad-norm growth
+GATED_NORM_RANK = 128  # model._GATED_NORM_RANK
+SCONV_KERNEL = 4  # sconv_kernel
+SCONV_SITES = ("k", "attn", "mlp")  # the hero's W&B sconv_sites
+QK_MULT = 1.3
+ROPE_FRACTION = 0.5  # "half-RoPE": the first half of each head's channels rotate, the rest carry no position
 
 BATCH_PER_RACK = 1024  # sequences; 16 per GPU on 64 GPUs of one NVL72 rack
 GPUS_PER_HOST = 4
@@ -157,11 +170,25 @@ def marin_model(d: int, layers: int, local_kv: int, global_kv: int) -> ModelConf
         logit_z_loss_weight=Z_LOSS_WEIGHT,
         norm_eps=1e-5,
         compute_dtype="bfloat16",
+        # Marin's block (reference §2): GatedNorm, short convs, q/k RMS with qk_mult, half-RoPE on local layers only,
+        # XSA, the per-head gate, and every layer storing max(local, global) KV heads
+        gated_norm_rank=GATED_NORM_RANK,
+        embed_norm=True,
+        sconv_kernel=SCONV_KERNEL,
+        sconv_sites=SCONV_SITES,
+        qk_norm=True,
+        qk_mult=QK_MULT,
+        rope_global_layers=False,
+        rope_fraction=ROPE_FRACTION,
+        xsa=True,
+        head_gate=True,
+        kv_heads_layout="stored_max",
         moe=MoEConfig(
             num_experts=NUM_EXPERTS,
             top_k=TOP_K,
             expert_dim=half,
             latent_dim=half,
+            latent_norm=True,
             num_shared_experts=NUM_SHARED_EXPERTS,
             shared_expert_dim=half,
             router_score="sigmoid",

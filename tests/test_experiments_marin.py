@@ -127,3 +127,25 @@ def test_plan_hero_accelerator_hours_at_23_percent_mfu(exp, tmp_path):
     days = gpu_hours / gpus / 24
     assert gpus == 704 and 70 < days < 95  # "about 3 months"
     assert isinstance(hero, TrainStep)
+
+
+# Marin's exact counts (reference §4c, #9277 for the hero): every norm, GatedNorm, gate and convolution, plus the
+# router bias (E per layer; in our trainer it is router state, not a parameter, so both trees are summed).
+EXACT_PARAMS = dict(zip(RUNS, (1_591_848_448, 3_980_116_480, 11_534_398_464, 27_742_902_528, 535_477_106_688)))
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_allocated_tree_is_marins_exact_count(exp, run):
+    """The trainer's real init, traced with jax.eval_shape (nothing is allocated), has Marin's exact count."""
+    import jax
+    import numpy as np
+
+    from trainer import accounting, model
+
+    cfg = exp.dag[run].spec.model
+    params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+    router_state = jax.eval_shape(lambda: model.init_router_state(cfg))
+    size = lambda tree: sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(tree))  # noqa: E731
+    assert size(params) + size(router_state) == EXACT_PARAMS[run]
+    assert size(router_state) == cfg.num_layers * cfg.moe.num_experts
+    assert accounting.count_params(cfg).total == size(params)

@@ -9,7 +9,8 @@ Two conventions, both written down:
 ``convention="ladder"`` (ours; what ``throughput/mfu`` and metrics.jsonl ``flops`` use)
     Forward FLOPs per token = 2 x every matmul weight a token touches (attention q/k/v/o with each
     layer's own KV heads, router, k routed experts at their input width, latent projections, shared
-    experts, dense FFNs) + attention scores 4 * span * H * head_dim per layer, with span = seq_len on
+    experts, dense FFNs, and Marin's GatedNorm matrices, per-head gates and short-conv taps: a multiply-add
+    per weight too) + attention scores 4 * span * H * head_dim per layer, with span = seq_len on
     global layers and min(window, seq_len) on local ones (the full span, not the causal half: Levanter's
     and PaLM's convention) + the lm_head 2 * D * V (optional). Norms, softmax and elementwise ops are not
     counted. Training FLOPs = 3 x forward x tokens.
@@ -23,7 +24,9 @@ Two conventions, both written down:
     priced at width d and then corrected to the latent width; the output projection is 2*d^2; the score
     term is span*H*(4*hd + 3); and the FLOPs code counts L // global_every global layers, although the
     model makes the last layer global too (d2048: 5 counted, 6 real). GatedNorm, sconv, attention gates
-    and norms are in none of Marin's counts (they add ~0.03% to the hero, see marin_hero_specs.md §4c).
+    and norms are in none of Marin's counts (they add ~0.03% to the hero, docs/marin_recipe.md §4c). With the
+    block pieces declared, ``count_params(cfg).total`` plus the router bias (E per MoE layer; router state
+    here, not a parameter) is Marin's exact count: 535,477,106,688 for the hero (#9277).
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class ParamCounts(BaseModel):
     shared_experts: int = Field(..., description="Always-on shared experts.")
     latent_projection: int = Field(..., description="LatentMoE down/up projections.")
     dense_ffn: int = Field(..., description="SwiGLU FFNs of dense layers.")
+    gated_norms: int = Field(0, description="GatedNorm W_down/W_up matrices (ModelConfig.gated_norm_rank).")
+    attention_gates: int = Field(0, description="Per-head attention-output gates [D, H] (ModelConfig.head_gate).")
+    convs: int = Field(0, description="Short causal convolution kernels [W, C] (ModelConfig.sconv_kernel).")
 
     @property
     def non_embedding_total(self) -> int:
@@ -69,6 +75,9 @@ class ParamCounts(BaseModel):
 
 
 def _layer_kv_heads(cfg: ModelConfig, layer: int) -> int:
+    """KV heads a layer allocates (and computes): its own, or max(local, global) in Marin's stored layout."""
+    if cfg.kv_heads_layout == "stored_max":
+        return cfg.stored_kv_heads
     return cfg.resolved_global_kv_heads if cfg.is_global_layer(layer) else cfg.resolved_kv_heads
 
 
@@ -86,9 +95,19 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
     """Analytic parameter counts; ``total`` equals the size of ``init_params(cfg)`` exactly."""
     d, L = cfg.hidden_dim, cfg.num_layers
     parts = dict(attention=0, router=0, routed_experts=0, routed_experts_active=0, shared_experts=0,
-                 latent_projection=0, dense_ffn=0)
+                 latent_projection=0, dense_ffn=0, gated_norms=0, attention_gates=0, convs=0)
+    norms = (2 * L + 1) * d + (d if cfg.embed_norm else 0)
+    one_gated_norm = 2 * d * cfg.gated_norm_rank if cfg.gated_norm_rank else 0
+    parts["gated_norms"] = (2 * L + 1 + (1 if cfg.embed_norm else 0)) * one_gated_norm
+    taps = cfg.sconv_kernel or 0
     for i in range(L):
         parts["attention"] += _attention_params(cfg, i)
+        parts["attention_gates"] += d * cfg.num_heads if cfg.head_gate else 0
+        kv_channels = _layer_kv_heads(cfg, i) * cfg.resolved_head_dim
+        parts["convs"] += taps * sum(
+            width for site, width in (("k", kv_channels), ("v", kv_channels), ("attn", d), ("mlp", d))
+            if cfg.sconv_at(site)
+        )
         if cfg.is_moe_layer(i):
             m = cfg.moe
             assert m is not None
@@ -99,9 +118,9 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
             parts["routed_experts_active"] += m.top_k * one_expert
             parts["shared_experts"] += 3 * d * _shared_width(cfg)
             parts["latent_projection"] += 2 * d * m.latent_dim if m.latent_dim else 0
+            norms += m.latent_dim if m.latent_dim and m.latent_norm else 0
         else:
             parts["dense_ffn"] += 3 * d * cfg.resolved_dense_ffn_dim
-    norms = (2 * L + 1) * d
     embedding = cfg.vocab_size * d
     lm_head = 0 if cfg.tie_embeddings else d * cfg.vocab_size
     active = norms + sum(v for k, v in parts.items() if k != "routed_experts")
@@ -124,7 +143,7 @@ def ladder_forward_flops_per_token(cfg: ModelConfig, *, include_lm_head: bool = 
     counts = count_params(cfg)
     matmul_weights = (
         counts.attention + counts.router + counts.routed_experts_active + counts.shared_experts
-        + counts.latent_projection + counts.dense_ffn
+        + counts.latent_projection + counts.dense_ffn + counts.gated_norms + counts.attention_gates + counts.convs
     )
     scores = sum(4 * _attention_span(cfg, i) * cfg.num_heads * cfg.resolved_head_dim for i in range(cfg.num_layers))
     head = 2 * cfg.hidden_dim * cfg.vocab_size if include_lm_head else 0
