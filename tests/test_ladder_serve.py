@@ -353,6 +353,19 @@ def test_without_the_token_every_request_is_refused_and_nothing_writes(served, t
     assert _tree_digest(tmp_path / "store") == before
 
 
+def test_without_a_token_only_loopback_host_names_are_answered(served):
+    ladder, page, start = served
+    server = start()
+    port = server.sock.getsockname()[1]
+    with httpx.Client(base_url=server.url, timeout=10, trust_env=False) as client:  # every request goes to 127.0.0.1
+        assert client.get("/api/state").status_code == 200
+        for host in (f"localhost:{port}", f"[::1]:{port}", f"127.0.0.1:{port}"):
+            assert client.get("/api/state", headers={"Host": host}).status_code == 200, host
+        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
+            response = client.get("/api/state", headers={"Host": host})
+            assert response.status_code == 400 and "is not loopback" in response.text, host
+
+
 def test_server_sent_events_carry_the_new_points(served):
     ladder, page, start = served
     server = start()

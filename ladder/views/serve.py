@@ -24,7 +24,8 @@ blocked thread per browser, and path and header handling would be ours to get ri
 small, pure Python (uvicorn's optional speedups are not required) and widely kept.
 
 Read-only: every route is GET; no route writes the store, and no path parameter names a file (a target
-must be one of the experiment's steps, a version an integer it has stored). Off loopback a token is
+must be one of the experiment's steps, a version an integer it has stored). Without a token, only requests
+whose Host header names loopback are answered (a DNS-rebinding guard). Off loopback a token is
 required (`token_required`): `--host` other than loopback needs `--token` or one is generated and printed,
 and every request without it (Authorization: Bearer, ?token=, or the cookie that opening the printed URL sets)
 gets 401. The page's script, styles and
@@ -54,6 +55,7 @@ import typer
 
 from ladder.alerts import band_alerts, run_alerts
 from ladder.store import Store
+from ladder.views.common import BAND_COLOR, FIRST_BAND_COLOR, RUNG_COLORS
 
 STATIC_DIR = Path(__file__).with_name("serve_static")
 DEFAULT_PORT = 8765
@@ -396,7 +398,8 @@ class LivePage:
         stored = [n for n in train if n not in fit_targets and self.store.list_forecasts(n)]
         self.targets = list(dict.fromkeys(fit_targets + stored))
         rungs = {r for t in self.targets for r in ladder_runs_for(dag, t)}
-        self.rung_names = [n for n in train if n in rungs and n not in self.targets]
+        # rungs by size, as `ladder plot` orders them (smallest compute first), not by name
+        self.rung_names = sorted((n for n in train if n in rungs and n not in self.targets), key=lambda n: dag[n].flops or 0.0)
         self.feeds = {
             n: RunFeed(n, self.store.run_dir(n, dag.fingerprints[n]),
                        "target" if n in self.targets else "rung" if n in rungs else "run", keep_train=n in self.targets)
@@ -547,6 +550,7 @@ class LivePage:
         with self.lock:
             return {
                 "seq": self.seq, "experiment": self.title, "root": self.store.url, "targets": self.targets,
+                "colors": {"rungs": RUNG_COLORS, "band": BAND_COLOR, "first": FIRST_BAND_COLOR},
                 "rungs": self.rung_names, "steps": self.steps, "fits": self.fits,
                 "runs": {n: f.snapshot() for n, f in self.feeds.items()},
                 "forecasts": {t: [self._version_entry(t, v, with_curve=v == max(h.versions))
@@ -643,6 +647,26 @@ class _TokenGate:
             await send(message)
 
         await self.app(scope, receive, with_cookie)
+
+
+class _LoopbackHostGate:
+    """ASGI middleware for a loopback server without a token: 400 unless the Host header names loopback, so a web page
+    elsewhere cannot read this one through a name that it re-points at 127.0.0.1 (DNS rebinding)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+        name = host[1:host.find("]")] if host.startswith("[") else host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        if is_loopback(name):
+            return await self.app(scope, receive, send)
+        from starlette.responses import PlainTextResponse
+
+        response = PlainTextResponse(f"400: Host {host!r} is not loopback; open the page at 127.0.0.1 or localhost.\n", status_code=400)
+        await response(scope, receive, send)
 
 
 class _Headers:
@@ -750,9 +774,7 @@ def build_app(page: LivePage, *, token: str | None = None, interval: float = 1.0
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
-    middleware = [Middleware(_Headers)]
-    if token:
-        middleware.append(Middleware(_TokenGate, token=token))
+    middleware = [Middleware(_Headers), Middleware(_TokenGate, token=token) if token else Middleware(_LoopbackHostGate)]
     routes = [
         Route("/", index, methods=["GET"]),
         Route("/api/state", state, methods=["GET"]),

@@ -4,8 +4,9 @@
 
 const TOKEN = new URLSearchParams(location.search).get("token");
 const MAX_TRAIN = 4000; // train-loss (and per-host) points kept per run; beyond, every other one is dropped (the server thins alike)
-const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
-const BAND = "#6a3d9a", FIRST = "#999999";
+// the views' colours (ladder/views/common.py) arrive with the snapshot; these are used until then
+let COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#8c564b", "#e377c2", "#17becf", "#bcbd22"];
+let BAND = "#6a3d9a", FIRST = "#999999";
 const SVG = "http://www.w3.org/2000/svg";
 
 const S = { seq: 0, experiment: "", root: "", targets: [], rungs: [], steps: [], runs: {}, forecasts: {}, curves: {},
@@ -51,6 +52,7 @@ function keyOf(a) { return `${a.run}|${a.kind}|${a.step}`; }
 function loadSnapshot(snap) {
   Object.assign(S, { seq: snap.seq, experiment: snap.experiment, root: snap.root, targets: snap.targets, rungs: snap.rungs,
                      steps: snap.steps, runs: snap.runs, fits: snap.fits, forecasts: {}, curves: {} });
+  if (snap.colors) ({ rungs: COLORS, band: BAND, first: FIRST } = snap.colors);
   S.alerts = new Map();
   for (const a of snap.alerts) S.alerts.set(keyOf(a), a);
   for (const [t, entries] of Object.entries(snap.forecasts)) addVersions(t, entries);
