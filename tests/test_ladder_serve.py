@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import socket
+import re
 import subprocess
+import sys
 import textwrap
 import time
 import urllib.request
@@ -33,6 +33,7 @@ from ladder.store import Store
 from ladder.views.serve import LivePage, Server, bind, serve_command, token_required
 
 CHROMIUM = "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parents[1]
 
 EXPERIMENT = textwrap.dedent(
     """
@@ -414,6 +415,37 @@ def test_bad_input_exits_2_with_one_sentence(tmp_path):
         taken.close()
 
 
+def test_the_command_bound_off_loopback_prints_a_token_and_refuses_requests_without_it(tmp_path):
+    """`ladder serve --host 0.0.0.0` as a user runs it; every request goes to 127.0.0.1 (no traffic leaves the machine)."""
+    ladder = _make(tmp_path)
+    exe = Path(sys.executable).with_name("ladder")
+    proc = subprocess.Popen([str(exe), "serve", ladder.experiment, "--root", ladder.root, "--host", "0.0.0.0", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        first = proc.stdout.readline()
+        match = re.search(r"at http://0\.0\.0\.0:(\d+)/\?token=(\S+)", first)
+        assert match, first + proc.stdout.read(2000) if proc.poll() is not None else first
+        port, token = match.groups()
+        assert "every request needs the token" in proc.stdout.readline()
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, timeout=30, trust_env=False) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    refused = client.get("/api/state")
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline and proc.poll() is None
+                    time.sleep(0.2)
+            assert refused.status_code == 401
+            assert client.get("/", params={"token": "not-" + token}).status_code == 401
+            state = client.get("/api/state", params={"token": token})
+            assert state.status_code == 200 and state.json()["experiment"] == "tiny_ladder"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
 # ---------------------------------------------------------------- the page in a real browser
 
 
@@ -523,6 +555,9 @@ def test_the_page_shows_the_ladder_and_follows_the_live_run(served, browser, tmp
     assert browser.eval(f"{chart}.dataset.bandEnd") == str(ladder.hero.num_steps)  # the band is drawn to the last step
     assert browser.eval(f"{chart}.querySelector('[data-series=evals]').dataset.count") == "2"
     assert browser.eval("document.querySelectorAll('#chart-rungs [data-series^=fit-]').length") == 3
+    # the y range follows the evals and the band; the train loss (about 4.9 here) is drawn but clipped, and says so
+    legend = browser.eval("document.getElementById('legend-target').textContent")
+    assert "train loss (outside the frame)" in legend and "eval loss (actual)" in legend and "eval loss (actual) (" not in legend
     assert browser.eval("document.querySelectorAll('#history-table tbody tr').length") == 2
     assert browser.eval("document.getElementById('hosts').hidden") is False
     assert browser.eval("document.querySelectorAll('#host-charts tr[data-host]').length") == 2

@@ -251,6 +251,8 @@ function drawChart(container, spec) {
       }
     }
     g.dataset.count = String(pts.length);
+    s.inFrame = pts.filter((p) => p[0] >= x0 && p[0] <= x1 && (s.kind === "band" || s.kind === "errorbar"
+      ? p[p.length - 1] >= y0 && p[p.length - 2] <= y1 : p[1] >= y0 && p[1] <= y1)).length;
     drawn += pts.length;
     plot.appendChild(g);
   }
@@ -267,7 +269,7 @@ function legend(container, series) {
     swatch.style.background = s.color;
     if (s.kind === "band") swatch.style.opacity = "0.5";
     item.appendChild(swatch);
-    item.appendChild(document.createTextNode(s.label));
+    item.appendChild(document.createTextNode(s.inFrame === 0 ? `${s.label} (outside the frame)` : s.label));
     container.appendChild(item);
   }
 }
