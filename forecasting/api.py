@@ -558,7 +558,7 @@ def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: 
             rate_g = bt.matched_progress_rate_by_fraction(table, g)
         except FitError:
             rate_g = np.full_like(pred, res.rate)
-        sig["compute_extrapolation"] = rate_g * decades * fl.small_sample_factor(len(res.held_out))
+        sig["compute_extrapolation"] = rate_g * decades * fl.small_sample_factor(fl.independent_errors(res))
     except FitError as e:
         sig["compute_extrapolation_prior"] = np.full_like(pred, fl.PRIOR_RATE * max(decades, fl.MIN_DISTANCE))
         warn.append(f"no compute backtest possible ({e}); the extrapolation term is the public suite's "

@@ -52,6 +52,41 @@ def run_weights(groups: Sequence, n_boot: int, seed: int = 0, min_distinct: int 
     return out
 
 
+def stratified_run_weights(groups: Sequence, strata: Sequence, n_boot: int, seed: int = 0) -> np.ndarray:
+    """(n_boot, n_rows) multiplicities from resampling runs WITHIN each stratum (e.g. each model size).
+
+    Why: a ladder's sizes are the experimenter's design, not a sample. Resampling runs across sizes
+    can drop a whole size, and with two or three sizes the refit then extrapolates a size exponent
+    from one size (the Hitchhiker's data-constrained ladder: a +-300% band from two such redraws).
+    Within a size the token budgets are resampled, so the fit's noise is measured and the design kept;
+    what the sizes themselves leave unknown is the backtest term's job.
+    """
+    codes, uniques = _codes(groups)
+    run_stratum: dict[int, str] = {}
+    for c, s in zip(codes, np.asarray(strata, dtype=str)):
+        run_stratum.setdefault(int(c), s)
+    by_stratum: dict[str, list[int]] = {}
+    for c, s in run_stratum.items():
+        by_stratum.setdefault(s, []).append(c)
+    rng = np.random.default_rng(seed)
+    out = np.empty((n_boot, len(codes)))
+    for b in range(n_boot):
+        counts = np.zeros(len(uniques))
+        for members in by_stratum.values():
+            counts[members] = rng.multinomial(len(members), np.full(len(members), 1.0 / len(members)))
+        out[b] = counts[codes]
+    return out
+
+
+def robust_sigma(samples: np.ndarray) -> float:
+    """A normal sigma from the 16th-84th percentile half-range: with 20 refits the 2.5/97.5% quantiles are
+    the extreme draws, so one refit that lost a parameter would set the whole band."""
+    s = np.asarray(samples, dtype=float)
+    s = s[np.isfinite(s)]
+    lo, hi = np.quantile(s, [0.158655, 0.841345])
+    return float((hi - lo) / 2)
+
+
 def _codes(groups: Sequence) -> tuple[np.ndarray, np.ndarray]:
     uniques, codes = np.unique(np.asarray(groups, dtype=str), return_inverse=True)
     return codes, uniques

@@ -6,11 +6,13 @@ turned into a forecast the same way; only the formula differs.
 
 - Backtest (`backtest_law`): expanding splits by compute. The runs are sorted by planned compute; each
   split fits the smaller runs and predicts every larger one. The distance of a prediction is the
-  decades of compute beyond the largest fitted run PLUS the decades of tokens per parameter outside
-  the fitted runs' range, so a law that cannot extrapolate in D/N is charged for it. Its `rate` is
-  the RMS error per unit of that distance; a forecast's extrapolation term is rate x its own distance.
-- Uncertainty of the fit: bootstrap over runs when there are at least two runs more than parameters;
-  otherwise a parametric bootstrap (refits on the losses perturbed by the fit's residual scatter, never
+  decades of compute (or of model size, whichever is further) beyond the largest fitted run PLUS the
+  decades of tokens per parameter outside the fitted runs' range, so a law that cannot extrapolate in
+  D/N is charged for it. Its `rate` is the RMS error per unit of that distance (never less than
+  `MIN_BACKTEST_DISTANCE` per prediction); a forecast's extrapolation term is rate x its own distance,
+  widened by a t quantile for how few independent errors (held-out model sizes) the backtest measured.
+- Uncertainty of the fit: bootstrap over runs when there are at least two runs more than parameters
+  (within each model size when every size has several runs, so no redraw loses a size); otherwise a parametric bootstrap (refits on the losses perturbed by the fit's residual scatter, never
   less than `NOISE_FLOOR`, the seed-to-seed spread of a final eval), because resampling three runs
   only redraws the same three runs.
 - Nothing backtestable (too few runs): the extrapolation term is `PRIOR_RATE` per unit distance, the
@@ -32,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting.backtest import FINISHED
-from forecasting.bootstrap import percentile_interval, run_weights
+from forecasting.bootstrap import percentile_interval, robust_sigma, run_weights, stratified_run_weights
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult, TargetSpec
 from forecasting.surfaces import SURFACES, fit_surface
@@ -42,6 +44,11 @@ N_PARAMS = {"compute": 3, "overtrain": 4, "chinchilla": 5, "farseer": 6, "moe": 
 NOISE_FLOOR = 0.004
 PRIOR_RATE = 0.04
 MIN_DISTANCE = 0.05
+# A backtest prediction is never credited with less than a quarter decade of distance when its error is turned
+# into a rate: an expanding split's next run is at least a size step away (2-4x in compute on real ladders), and
+# a run predicted at "no distance" that the law still misses (the 44-epoch runs of the data-constrained ladder)
+# measured a misspecification, not an error that grows 13-fold by the target's 0.65 decades.
+MIN_BACKTEST_DISTANCE = 0.25
 Z95 = 1.959963984540054
 
 
@@ -122,8 +129,12 @@ def _log_m(pts: dict) -> np.ndarray | None:
 
 
 def distance(pts: dict, fit_pts: dict) -> np.ndarray:
-    """Extrapolation distance of `pts` from the fitted runs: compute decades beyond + D/N decades outside."""
+    """Extrapolation distance of `pts` from the fitted runs: decades beyond the fitted runs in compute or in model
+    size, whichever is further (a larger model on fewer tokens is a size extrapolation at no extra compute),
+    plus the decades of D/N outside the fitted range."""
     d = np.maximum(np.log10(pts["flops"] / float(np.max(fit_pts["flops"]))), 0.0)
+    if "params_active" in pts and "params_active" in fit_pts:
+        d = np.maximum(d, np.log10(pts["params_active"] / float(np.max(fit_pts["params_active"]))))
     m, mf = _log_m(pts), _log_m(fit_pts)
     if m is not None and mf is not None:
         d = d + np.maximum(m - mf.max(), 0.0) + np.maximum(mf.min() - m, 0.0)
@@ -203,7 +214,7 @@ def backtest_law(law: str, final: pd.DataFrame, *, max_splits: int = 5) -> Backt
 
 
 def _backtest_law(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None = None) -> BacktestResult:
-    held, rel, dist = [], [], []
+    held, rel, dist, sizes = [], [], [], []
     last = None
     for k in _splits(len(final), N_PARAMS[law], max_splits):
         fit_part, pred_part = final.iloc[:k], final.iloc[k:]
@@ -228,8 +239,10 @@ def _backtest_law(law: str, final: pd.DataFrame, max_splits: int, table: pd.Data
                 dist.extend([d] * len(curve))
             pred = model.predict(pts)
         held.extend(str(r) for r in pred_part["run"])
+        if "params_active" in pred_part.columns:
+            sizes.extend(pred_part["params_active"].astype(float))
         last = (str(pred_part["run"].iloc[-1]), float(pred[-1]), float(pred_part["loss"].iloc[-1]))
-    return summarise(law, held, rel, dist, last)
+    return summarise(law, held, rel, dist, last, sizes)
 
 
 def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5) -> BacktestResult:
@@ -258,12 +271,18 @@ def small_sample_factor(n_held_out: int) -> float:
     return float(t.ppf(0.975, max(n_held_out, 0) + 2) / Z95)
 
 
-def summarise(method: str, held: list[str], rel: list[float], dist: list[float], last: tuple | None) -> BacktestResult:
+def independent_errors(res: BacktestResult) -> int:
+    """How many independent errors a backtest measured: its held-out model sizes when known, else its runs."""
+    return res.held_out_sizes if res.held_out_sizes is not None else len(res.held_out)
+
+
+def summarise(method: str, held: list[str], rel: list[float], dist: list[float], last: tuple | None,
+              held_sizes: list[float] | None = None) -> BacktestResult:
     r, d = np.asarray(rel, dtype=float), np.asarray(dist, dtype=float)
     ok = np.isfinite(r) & np.isfinite(d)
     if not ok.any():
         raise FitError(f"backtest of {method}: no split could be fitted and scored")
-    r, d = r[ok], d[ok]
+    r, d = r[ok], np.maximum(d[ok], MIN_BACKTEST_DISTANCE)
     rms = float(np.sqrt(np.mean(r**2)))
     return BacktestResult(
         method=method, kind="compute", held_out=sorted(set(held)), mean_rel_error=float(r.mean()), rms_rel_error=rms,
@@ -271,6 +290,7 @@ def summarise(method: str, held: list[str], rel: list[float], dist: list[float],
         rate=float(np.sqrt(np.sum(r**2) / np.sum(d**2))), n_points=int(len(r)),
         final_run=None if last is None else last[0], final_predicted=None if last is None else last[1],
         final_actual=None if last is None else last[2],
+        held_out_sizes=None if not held_sizes else len({round(math.log(x), 6) for x in held_sizes}),
     )
 
 
@@ -300,7 +320,12 @@ def replicates(law: str, final: pd.DataFrame, model: FinalModel, n_boot: int, se
     """Refits that measure the fit's spread: bootstrap over runs when there are at least two runs more than
     parameters, else a parametric bootstrap (losses perturbed by the residual scatter, >= NOISE_FLOOR)."""
     n_runs = final["run"].nunique()
-    if n_runs >= N_PARAMS[law] + 2:
+    sizes = final.groupby("params_active")["run"].nunique() if "params_active" in final.columns else None
+    if n_runs >= N_PARAMS[law] + 2 and sizes is not None and len(sizes) >= 2 and sizes.min() >= 2:
+        kind = "bootstrap over runs within each model size"
+        weights = stratified_run_weights(final["run"], final["params_active"], n_boot, seed)
+        draws = [dict(weights=w) for w in weights]
+    elif n_runs >= N_PARAMS[law] + 2:
         kind = "bootstrap over runs"
         weights = run_weights(final["run"], n_boot, seed, min_distinct=min(n_runs, N_PARAMS[law] + 1))
         draws = [dict(weights=w) for w in weights]
@@ -437,8 +462,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     preds, samples, kind = fit_spread(law, final, model, tp, n_boot, seed)
     sig: dict[str, float] = {}
     if len(preds) >= 10:
-        q_lo, q_hi = np.quantile(preds[:, 0], [0.025, 0.975])
-        sig["fit"] = float((q_hi - q_lo) / (2 * Z95) / point)
+        sig["fit"] = robust_sigma(np.log(np.clip(preds[:, 0], 1e-12, None)))
     else:
         warn.append(f"only {len(preds)} of {n_boot} refits ({kind}) succeeded: the fit term of the band is missing")
     if kind.startswith("parametric"):
@@ -451,7 +475,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         backtests.append(res)
         # never narrower than the error the backtest measured at its own distances, widened for how few
         # independent runs it held out (a t quantile in place of 1.96)
-        sig["extrapolation"] = max(res.rate * max(d_target, res.distance), NOISE_FLOOR) * small_sample_factor(len(res.held_out))
+        sig["extrapolation"] = max(res.rate * max(d_target, res.distance), NOISE_FLOOR) * small_sample_factor(independent_errors(res))
     except FitError as e:
         sig["extrapolation_prior"] = PRIOR_RATE * d_target
         warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "

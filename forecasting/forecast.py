@@ -45,6 +45,14 @@ class TargetSpec(BaseModel):
     lr: list[float] | None = Field(None, description="LR at every step 1..num_steps (the schedule), when known.")
     unique_tokens: float | None = Field(None, gt=0, description="Unique tokens of the data (repeated-epoch runs), when known.")
 
+    def __repr_args__(self):
+        # a schedule is one float per step (thousands): show its length and ends, not every value
+        for name, value in super().__repr_args__():
+            if name == "lr" and value is not None and len(value) > 6:
+                yield name, f"<{len(value)} steps: {value[0]:.3g} .. max {max(value):.3g} .. {value[-1]:.3g}>"
+            else:
+                yield name, value
+
     def planned_flops(self) -> float:
         if self.total_flops is not None:
             return float(self.total_flops)
@@ -67,6 +75,9 @@ class BacktestResult(BaseModel):
     method: str = Field(description="Method backtested.")
     kind: str = Field(description="'compute' (fit small runs, predict the largest) or 'prefix' (fit a curve prefix, predict its end).")
     held_out: list[str] = Field(description="Runs predicted.")
+    held_out_sizes: int | None = Field(
+        None, description="Distinct model sizes among the held-out runs: errors of runs of one size are correlated, so "
+        "this, not the number of runs, is how many independent errors the backtest measured (None = one per run).")
     mean_rel_error: float = Field(description="Mean signed relative error (prediction/actual - 1).")
     rms_rel_error: float = Field(description="RMS relative error.")
     max_abs_rel_error: float = Field(description="Worst absolute relative error.")

@@ -4,8 +4,8 @@ Why a backtest and not rules on columns: which law extrapolates best depends on 
 in tokens per parameter, its sparsity, its schedule), and the only evidence a user has is how each law
 predicted the ladder's own larger runs. Every applicable candidate is backtested on the same expanding
 splits (fit the smaller runs by compute, predict every larger one; `forecasting.final_laws`), scored by
-its error per unit of extrapolation distance (decades of compute beyond the fitted runs plus decades
-of tokens per parameter outside them), and the candidate with the smallest expected error at the
+its error per unit of extrapolation distance (decades of compute or model size beyond the fitted runs,
+plus decades of tokens per parameter outside them), and the candidate with the smallest expected error at the
 target's own distance wins. A simpler law within 10% of the best is preferred (fewer parameters,
 less luck).
 

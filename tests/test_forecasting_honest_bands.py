@@ -125,3 +125,47 @@ def test_watch_never_prints_a_sigma_that_is_not_finite():
     assert _sigma_text(-9.8e10, (2.0, 2.0 - 1e-12, 2.0 + 1e-12)) == "band has zero width (no sigma)"
     assert _sigma_text(-2.5e4, (2.0, 1.99999, 2.00001)) == "->1000 sigma"
     assert _sigma_text(1.234, (2.0, 1.9, 2.1)) == "+1.23 sigma"
+
+
+def test_the_bootstrap_keeps_every_model_size_of_a_few_size_grid():
+    """Two sizes x eight token budgets (the Hitchhiker's data-constrained shape): a redraw across sizes can drop a
+    whole size and extrapolate the size exponent from one size (a +-300% band); within sizes it never does."""
+    from forecasting import final_laws as fl
+    from forecasting.bootstrap import stratified_run_weights
+
+    sizes = np.repeat([2.8e9, 4.2e9], 8)
+    runs = [f"r{i}" for i in range(16)]
+    w = stratified_run_weights(runs, sizes, 200, seed=0)
+    per_size = np.stack([w[:, sizes == s].sum(axis=1) for s in (2.8e9, 4.2e9)], axis=1)
+    assert np.all(per_size == 8)  # every redraw keeps eight runs of each size
+    assert w.std(axis=0).min() > 0  # and still resamples within each size
+
+    n = sizes
+    d = n * np.tile(np.geomspace(5, 200, 8), 2)
+    rng = np.random.default_rng(1)
+    final = pd.DataFrame({"run": runs, "step": 100, "loss": _law(n, d) * np.exp(rng.normal(0, 0.003, 16)),
+                          "params_active": n, "tokens": d, "flops": 6 * n * d, "fraction": 1.0})
+    f = forecast_target(final, TargetSpec(name="t", params_active=8.7e9, tokens=8.7e9 * 20), method="overtrain", n_bootstrap=40)
+    assert "within each model size" in " ".join(f.warnings) or f.band_terms["fit"] < 0.05
+    assert f.final_loss_hi / f.final_loss < 1.2  # a usable band, not a redraw that lost a size
+
+
+def test_robust_sigma_ignores_one_refit_that_lost_a_parameter():
+    from forecasting.bootstrap import robust_sigma
+
+    rng = np.random.default_rng(0)
+    draws = rng.normal(0.0, 0.01, 20)
+    wild = np.r_[draws[:19], 3.0]  # one refit that extrapolated from a lost size
+    assert robust_sigma(draws) == pytest.approx(0.01, rel=0.5)
+    assert robust_sigma(wild) < 2 * robust_sigma(draws)
+    assert (np.quantile(wild, 0.975) - np.quantile(wild, 0.025)) / 3.92 > 10 * robust_sigma(wild)
+
+
+def test_a_larger_model_on_fewer_tokens_is_an_extrapolation_too():
+    """Distance counts decades beyond the fitted runs in model size when that is further than in compute."""
+    from forecasting import final_laws as fl
+
+    fit = {"flops": np.array([1e18, 1e19]), "params_active": np.array([1e8, 3e8]), "tokens": np.array([1.6e9, 5.5e9])}
+    at_same_compute = {"flops": np.array([1e19]), "params_active": np.array([3e9]), "tokens": np.array([5.5e8])}
+    d = fl.distance(at_same_compute, fit)[0]
+    assert d >= 1.0  # one decade beyond in N (plus the D/N decades outside the fitted range)
