@@ -75,7 +75,7 @@ class Ladder:
     """A store as a live ladder leaves it: three finished rungs, a hero a quarter of the way with two hosts, two
     forecast versions (the ladder's and a refit), one alert in the hero's alerts.jsonl."""
 
-    def __init__(self, root: str, exp_file: Path, rungs: tuple[str, ...] = ("r32", "r48", "r64")):
+    def __init__(self, root: str, exp_file: Path, rungs: tuple[str, ...] = ("r32", "r48", "r64"), hero: bool = True):
         self.experiment = str(exp_file)
         self.dag = load_experiment(self.experiment).dag
         self.store = Store(root)
@@ -88,14 +88,15 @@ class Ladder:
             _append(self.store, f"{run_dir}/metrics.jsonl", [_eval_line(derived, name, s) for s in steps])
             self.store.acquire_lease(run_dir, "writer")
             self.store.finish(run_dir, "writer", "done")
-        hero = self.dag["hero"].derived
+        run_hero, hero = hero, self.dag["hero"].derived
         self.hero = hero
         self.hero_dir = self._run_dir("hero")
-        self.store.write_json(f"{self.hero_dir}/spec.json", {"name": "hero", "derived": hero.model_dump()})
-        self.store.acquire_lease(self.hero_dir, "writer")
         self.evals = 0
         self.last_step = 0
-        self.grow(100)
+        if run_hero:
+            self.store.write_json(f"{self.hero_dir}/spec.json", {"name": "hero", "derived": hero.model_dump()})
+            self.store.acquire_lease(self.hero_dir, "writer")
+            self.grow(100)
         target = TargetSpec(name="hero", params_active=float(hero.params_active), tokens=float(hero.tokens),
                             num_steps=hero.num_steps, tokens_per_step=float(hero.tokens_per_step))
         steps = np.unique(np.geomspace(1, hero.num_steps, 40).round().astype(int))
@@ -107,6 +108,8 @@ class Ladder:
                 target=target, method=method, inputs_fingerprint=method, curve=curve, final_loss=curve[-1].loss,
                 final_loss_lo=curve[-1].lo, final_loss_hi=curve[-1].hi, law=f"test {method}",
                 band_terms={"live_points": 2.0} if method == "refit" else {}), meta=meta)
+        if not run_hero:
+            return
         append_alerts(self.store.url_of(self.hero_dir),
                       [Alert("param_norm_jump", 60, "warning", "params/norm/total rose 12% between steps 50 and 60; 80% of the rise is the router bias.")])
 
@@ -296,6 +299,50 @@ def test_an_imported_run_is_shown_like_our_own(tmp_path):
     row = next(s for s in page.steps if s["name"] == "r32")
     assert row["state"] == "done" and row["source"] == f"imported from {export}"
     assert [p[0] for p in page.feeds["r32"].evals] == steps and sorted(page.fits["curves"]) == ["r32", "r48", "r64"]
+
+
+def test_an_attached_run_is_shown_like_our_own_while_it_is_followed(tmp_path):
+    import threading
+
+    from ladder.attach import attach_run
+
+    ladder = _make(tmp_path, hero=False)
+    source = tmp_path / "elsewhere" / "metrics.jsonl"  # a run training elsewhere, its log on shared storage
+    source.parent.mkdir()
+
+    def write(steps):
+        with open(source, "a") as handle:
+            handle.writelines(json.dumps({"step": s, "eval/loss": _eval_line(ladder.hero, "hero", s)["eval/loss"]}) + "\n" for s in steps)
+
+    write([40, 80, 120])
+    page = LivePage(ladder.experiment, ladder.root)
+    page.poll()
+    outcome = {}
+    follower = threading.Thread(target=lambda: outcome.update(done=attach_run(
+        ladder.store, ladder.dag, "hero", str(source), poll_seconds=0.05, idle_timeout=3.0, refit_every=10**6,
+        n_bootstrap=5, console_alerts=False)))
+    follower.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(page.feeds["hero"].evals) < 2:  # the newest step is held back until a later one shows it is complete
+            assert time.monotonic() < deadline
+            page.poll()
+            time.sleep(0.1)
+        row = next(s for s in page.steps if s["name"] == "hero")
+        assert row["state"] == "running" and row["source"] == f"attached from {source}"
+        write([160, 200])
+        while len(page.feeds["hero"].evals) < 4:
+            assert time.monotonic() < deadline
+            page.poll()
+            time.sleep(0.1)
+    finally:
+        follower.join(timeout=60)
+    page.poll()
+    evals = page.feeds["hero"].evals
+    assert [p[0] for p in evals] == [40, 80, 120, 160, 200]
+    # the overlay our trainer calls logged the band beside each eval, so this run's alerts are its alerts.jsonl's
+    assert all(p[4] is not None for p in evals) and page.feeds["hero"].has_overlay
+    assert outcome["done"].evals == 5
 
 
 # ---------------------------------------------------------------- the server's rules
