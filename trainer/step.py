@@ -276,9 +276,7 @@ def jit_train_step(job: TrainJob, model: Any, mesh: jax.sharding.Mesh) -> Jitted
     optimizer = optim.build_optimizer(job.optimizer, abstract_params, groups)
     param_shardings = sharding_lib.param_shardings(abstract_params, cfg, mesh)
     abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
-    opt_shardings = optax.tree_map_params(
-        optimizer, lambda _, s: s, abstract_opt_state, param_shardings, transform_non_params=lambda _: replicated
-    )
+    opt_shardings = optim.state_shardings(optimizer, abstract_opt_state, param_shardings, replicated)
     router_state0 = model.init_router_state(cfg)
     state_shardings = {
         "step": replicated,
