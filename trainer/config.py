@@ -99,10 +99,12 @@ class MoEConfig(Frozen):
     capacity_factor: float = Field(
         1.25, gt=0, description="Per-expert buffer = capacity_factor * tokens * top_k / E (capacity dispatch)."
     )
-    dispatch: Literal["capacity", "ragged", "dense"] = Field(
+    dispatch: Literal["capacity", "ragged", "dense", "alltoall", "ragged_alltoall"] = Field(
         "capacity",
         description="Expert dispatch backend: 'capacity' (sort + fixed buffers, default on CPU), "
-        "'ragged' (dropless jax.lax.ragged_dot, for accelerators), 'dense' (every expert on every token; test oracle).",
+        "'ragged' (dropless jax.lax.ragged_dot, for accelerators), 'dense' (every expert on every token; test oracle); "
+        "expert parallel (shard_map, buffers sized by each device's tokens, all-to-all over the 'expert' mesh axis): "
+        "'alltoall' (capacity buffers, any platform), 'ragged_alltoall' (dropless ragged all-to-all, GPU/TPU only).",
     )
 
     @model_validator(mode="after")

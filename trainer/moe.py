@@ -6,6 +6,8 @@ buffers ``[E, C, D]`` and run one batched einsum ("capacity"); ``jax.lax.ragged_
 dense masked fallback there but is the dropless grouped GEMM on GPU/TPU ("ragged"); and "dense" runs
 every expert on every token, the slow oracle the other two are tested against. All three take the same
 routing decision and return the same ``[T, D]`` output, so switching backends never changes the model.
+"alltoall" and "ragged_alltoall" are the same two ideas under expert parallelism (``shard_map`` with
+all-to-all over the "expert" mesh axis, buffers sized by each device's own tokens): ``trainer.expert_parallel``.
 
 Routing follows DeepSeek-V3 / Marin's hero: router logits in fp32, scores by sigmoid (or softmax),
 experts *selected* on ``score + stop_gradient(bias)``, combine weights taken from the *unbiased* scores
@@ -30,7 +32,7 @@ from trainer.config import MoEConfig
 
 LATENT_NORM_EPS = 1e-5  # MoEConfig.latent_norm: Marin's layer_norm_eps
 
-DISPATCH_BACKENDS = ("capacity", "ragged", "dense")
+DISPATCH_BACKENDS = ("capacity", "ragged", "dense", "alltoall", "ragged_alltoall")
 
 
 class Routing(NamedTuple):
@@ -317,7 +319,25 @@ def dispatch_dense(x_TxD: jax.Array, routing: Routing, experts: dict, cfg: MoECo
     return y_TxD.astype(x_TxD.dtype), jnp.zeros((), jnp.float32)
 
 
-_DISPATCH = {"capacity": dispatch_capacity, "ragged": dispatch_ragged, "dense": dispatch_dense}
+def _expert_parallel(name: str):
+    """A dispatch of ``trainer.expert_parallel`` (shard_map over the mesh; it imports this module, so it is
+    looked up when traced)."""
+
+    def dispatch(x_TxD: jax.Array, routing: Routing, experts: dict, cfg: MoEConfig) -> tuple[jax.Array, jax.Array]:
+        from trainer import expert_parallel
+
+        return getattr(expert_parallel, f"dispatch_{name}")(x_TxD, routing, experts, cfg)
+
+    return dispatch
+
+
+_DISPATCH = {
+    "capacity": dispatch_capacity,
+    "ragged": dispatch_ragged,
+    "dense": dispatch_dense,
+    "alltoall": _expert_parallel("alltoall"),
+    "ragged_alltoall": _expert_parallel("ragged_alltoall"),
+}
 
 
 # ------------------------------------------------------------------------------------------
