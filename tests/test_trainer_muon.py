@@ -334,3 +334,19 @@ def test_muonh_run_resumes_from_its_checkpoint_bit_for_bit(tmp_path, monkeypatch
     first, last = rows(str(tmp_path / "straight"))[0], rows(str(tmp_path / "straight"))[-1]
     assert last["params/norm/attention"] == pytest.approx(first["params/norm/attention"], rel=1e-5)
     assert last["params/norm/experts"] == pytest.approx(first["params/norm/experts"], rel=1e-5)
+
+
+def test_marins_block_pieces_get_marins_groups():
+    """GatedNorm gates -> MuonH; per-head gate, conv kernels and gains -> Adam (Marin's create_mask)."""
+    from experiments import marin_mini
+
+    cfg = marin_mini.mini_model(16)
+    params = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(0))
+    labels = muon.optimizer_labels(params, model.param_groups(params))
+    flat = {jax.tree_util.keystr(path): label for path, label in jax.tree_util.tree_leaves_with_path(labels)}
+    gated = [label for path, label in flat.items() if "gated_norm" in path]
+    assert gated and set(gated) == {"muonh"}
+    for piece in ("head_gate", "sconv_k", "sconv_attn", "sconv_ffn", "latent_norm"):
+        found = [label for path, label in flat.items() if piece in path]
+        assert found and set(found) == {"adam"}, piece
+    assert flat["['lm_head']"] == "adamh"
