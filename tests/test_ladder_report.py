@@ -198,6 +198,7 @@ def test_marin_backtest_rows_are_the_forecasting_librarys(marin):
         assert int(row["n_points"][1]) == result.n_points
     assert rows[0]["held_out"][0] == "d2048" and float(rows[0]["final_actual"][1]) == pytest.approx(2.4745, abs=1e-4)
     assert "d2048 is failed; its partial curve is used" in _section(marin["page"], "backtest")
+    assert "on 4 runs (d768, d1024, d1536, d2048)" in _section(marin["page"], "backtest")  # by size, not by name
 
 
 def test_marin_alerts_include_the_runs_alert_stream(marin):

@@ -189,7 +189,7 @@ def clip_marks(x, values, limit: float, above: bool) -> list[float]:
             marks.append(float(x[i]))
         elif out[i - 1] and not out[i]:
             marks.append(float(x[i - 1]))
-    return marks
+    return sorted(set(marks))  # a lone point outside borders inside points on both sides: one mark
 
 
 def drawn_line(rows: pd.DataFrame, col: str) -> bool:

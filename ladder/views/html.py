@@ -205,7 +205,8 @@ function chart(spec,container){
   [[s.hi,true],[s.lo,false]].forEach(function(edge){var idx=[];for(var i=0;i<s.x.length;i++){if(inView(s,i)&&finite(edge[0][i])){idx.push(i);}}
    var outside=idx.map(function(i){return edge[1]?edge[0][i]>yr[1]:edge[0][i]<yr[0];});
    if(idx.length&&outside.every(function(o){return o;})){out.push({x:s.x[idx[0]],top:edge[1]});return;}
-   for(var k=1;k<idx.length;k++){if(outside[k]&&!outside[k-1]){out.push({x:s.x[idx[k]],top:edge[1]});}else if(outside[k-1]&&!outside[k]){out.push({x:s.x[idx[k-1]],top:edge[1]});}}});
+   var last=null;function mark(x){if(x!==last){out.push({x:x,top:edge[1]});last=x;}}
+   for(var k=1;k<idx.length;k++){if(outside[k]&&!outside[k-1]){mark(s.x[idx[k]]);}else if(outside[k-1]&&!outside[k]){mark(s.x[idx[k-1]]);}}});
   return out;}
  function drawnInView(s){var n=0,xs=[];for(var i=0;i<s.x.length;i++){if(inView(s,i)&&(s.kind==="area"||finite(s.y[i]))){n++;xs.push(s.x[i]);}}
   if(s.kind==="line"){return n>=2&&Math.max.apply(null,xs)>Math.min.apply(null,xs);}return n>=1;}
@@ -290,7 +291,7 @@ function chart(spec,container){
    t.textContent=line;fit(t,ph);});
   if(empty){var e=el("text",{x:M.l+pw/2,y:M.t+ph/2,"text-anchor":"middle","class":"empty"},svg);e.textContent=spec.empty||"nothing to show yet";}
   if(drag&&drag.b!==null){var a=Math.min(drag.a,drag.b),b=Math.max(drag.a,drag.b);el("rect",{x:a,y:M.t,width:b-a,height:ph,fill:"#6a3d9a","fill-opacity":0.12},svg);}
-  svg.setAttribute("data-drawn",String(pts.length));
+  svg.setAttribute("data-drawn",String(pts.length));svg.setAttribute("data-yrange",yr.join(","));svg.setAttribute("data-clips",String(marks.length));
  }
  function svgH(){return svg.viewBox.baseVal.height;}
  function toData(px){var x0=fx(view[0]),x1=fx(view[1]);return ifx(x0+(px-M.l)/pw*(x1-x0));}

@@ -156,27 +156,45 @@ def _residuals_panel(ax, data: PlotData, x: str) -> None:
     ax.grid(alpha=0.3, which="both")
 
 
+def _ticks(ax):
+    """(axis, tick) of both axes, major ticks first: the order in which labels are kept."""
+    for which in ("major", "minor"):
+        for axis in (ax.xaxis, ax.yaxis):
+            for tick in axis.get_major_ticks() if which == "major" else axis.get_minor_ticks():
+                yield axis, tick
+
+
+def _shown(axis, tick) -> bool:
+    """Whether matplotlib draws this tick's label: visible, not empty, its location inside the view."""
+    label, loc = tick.label1, tick.get_loc()
+    if not (label.get_visible() and label.get_text()) or loc is None:
+        return False
+    lo, hi = sorted(axis.get_view_interval())
+    return lo - 1e-9 * (hi - lo) <= loc <= hi + 1e-9 * (hi - lo)
+
+
+def tick_labels_drawn(ax) -> list:
+    """The tick labels an axes shows."""
+    return [tick.label1 for axis, tick in _ticks(ax) if _shown(axis, tick)]
+
+
 def thin_tick_labels(fig, gap_px: float = 4.0) -> int:
-    """Hide tick labels that would touch a kept one (measured after layout; major ticks keep priority). Returns how many."""
+    """Hide tick labels that would touch a kept one (measured after layout; major ticks keep priority; x and y
+    together, since the two axes' first labels meet at the corner). Returns how many were hidden."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     hidden = 0
     for ax in fig.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            lo, hi = sorted(axis.get_view_interval())
-            span = hi - lo
-            kept = []
-            for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
-                label = tick.label1
-                loc = tick.get_loc()
-                if not (label.get_visible() and label.get_text()) or loc is None or not (lo - 1e-9 * span <= loc <= hi + 1e-9 * span):
-                    continue
-                box = label.get_window_extent(renderer).expanded(1.0, 1.0).padded(gap_px / 2)
-                if any(box.overlaps(k) for k in kept):
-                    label.set_visible(False)
-                    hidden += 1
-                else:
-                    kept.append(box)
+        kept = []
+        for axis, tick in _ticks(ax):
+            if not _shown(axis, tick):
+                continue
+            box = tick.label1.get_window_extent(renderer).padded(gap_px / 2)
+            if any(box.overlaps(k) for k in kept):
+                tick.label1.set_visible(False)
+                hidden += 1
+            else:
+                kept.append(box)
     return hidden
 
 

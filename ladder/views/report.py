@@ -397,6 +397,7 @@ def forecast_section(ctx: ReportContext) -> Section:
 def backtest_section(ctx: ReportContext) -> Section:
     from forecasting import api
     from ladder.fitting import FitInputError, ladder_runs_for, table_from_steps
+    from ladder.views.common import order_runs
 
     section = Section("backtest", "Backtest errors")
     if ctx.target is None:
@@ -431,7 +432,7 @@ def backtest_section(ctx: ReportContext) -> Section:
     if not rows:
         section.missing.append("no backtest could be run on this ladder")
     section.body = (
-        f"<p>{_e(report.method)} on {table['run'].nunique()} runs ({_e(', '.join(sorted(table['run'].astype(str).unique())))}): "
+        f"<p>{_e(report.method)} on {table['run'].nunique()} runs ({_e(', '.join(order_runs(table)))}): "
         "fit the smaller runs (compute) or a curve's prefix (prefix), predict what was held out. Distance: decades of "
         "compute, or ln of the step ratio.</p>"
         + _table(["kind", "method", "held out", "mean error", "rms error", "worst", "distance", "rms error per unit",
