@@ -8,5 +8,6 @@ other without a circle, sharing their pieces through views.common:
 - common.py  the plot tables (PlotData), colours, axis names, band and axis-range helpers,
 - plots.py   sources (experiment + store, a table, Marin's public ladder) -> PlotData, and `ladder plot`,
 - png.py     the matplotlib renderer,   html.py   the offline SVG/HTML plotter,
-- report.py  `ladder report` (one self-contained page),   watch.py  `ladder watch` (the terminal view).
+- report.py  `ladder report` (one self-contained page),   watch.py  `ladder watch` (the terminal view),
+- serve.py   `ladder serve` (the live page).
 """
