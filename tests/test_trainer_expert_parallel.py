@@ -195,8 +195,10 @@ SCRIPT = textwrap.dedent(
         state = {"step": np.int32(0), "params": params, "opt_state": jax.tree.map(np.asarray, jitted.optimizer.init(params)),
                  "router_state": router_state}
         state = jax.device_put(state, jitted.state_shardings)
-        compiled = jitted.train_step.lower(state, batch, False, 1.0).compile()
-        return compiled(state, jax.device_put(batch, jitted.batch_sharding), False, 1.0), a2a_count(compiled)
+        lowered = jitted.train_step.lower(state, batch, False, 1.0)
+        compiled = lowered.compile()
+        traced = {"all_to_all": a2a_count(compiled), "shard_maps": lowered.as_text().count("sdy.manual_computation")}
+        return compiled(state, jax.device_put(batch, jitted.batch_sharding), False, 1.0), traced
 
     cases = {
         "quantile_micro_remat": dict(moe_cfg=moe(balancing="quantile"), train={"microbatch_size": 8, "remat": "full"}),
@@ -210,7 +212,7 @@ SCRIPT = textwrap.dedent(
         ref_state, ref_metrics = single_device_step(make_job(case["moe_cfg"].model_copy(update={"dispatch": "dense"})))
         ep_job = make_job(case["moe_cfg"].model_copy(update={"dispatch": "alltoall"}),
                           mesh={"data": 2, "expert": 4}, **case["train"])
-        (state, metrics), a2a = mesh_step(ep_job)
+        (state, metrics), traced = mesh_step(ep_job)
         out["steps"][name] = {
             "loss": float(metrics["train/loss"]), "ref_loss": float(ref_metrics["train/loss"]),
             "param_diff": max_diff(state["params"], ref_state["params"]),
@@ -218,7 +220,7 @@ SCRIPT = textwrap.dedent(
             "bias_diff": max_diff(state["router_state"], ref_state["router_state"]),
             "bias_change": max_diff(ref_state["router_state"], router_state),
             "drop": float(metrics["train/router/drop_fraction"]),
-            "all_to_all": a2a,
+            **traced,
         }
         mark(f"step {name}")
     print("RESULT" + json.dumps(out))
@@ -292,6 +294,7 @@ def _assert_step_matches(row: dict) -> None:
     assert row["bias_diff"] < 1e-5, row  # ... exactly as on one device (whole-batch counts / quantiles)
     assert row["drop"] == 0.0
     assert row["all_to_all"] > 0
+    assert row["shard_maps"] >= 2, row  # the step traced in the mesh's context: each MoE layer is a shard_map
 
 
 def test_train_step_with_microbatches_and_remat_equals_the_single_device_step(fast):

@@ -295,8 +295,14 @@ def jit_train_step(job: TrainJob, model: Any, mesh: jax.sharding.Mesh) -> Jitted
         state_shardings,
     )
     batch_sharding = sharding_lib.batch_sharding(mesh)
+    step_fn = make_train_step(job, model, optimizer, groups, mesh=mesh)
+
+    def step_on_mesh(*args):  # traced in the mesh's context: the expert-parallel MoE dispatch (shard_map) reads it
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return step_fn(*args)
+
     train_step = jax.jit(
-        make_train_step(job, model, optimizer, groups, mesh=mesh),
+        step_on_mesh,
         in_shardings=(state_shardings, batch_sharding, replicated, replicated),
         out_shardings=(state_shardings, replicated),
         donate_argnums=(0,),
