@@ -328,7 +328,8 @@ SHARDED = textwrap.dedent(
     from trainer import model, sharding
     from trainer.config import ModelConfig, MoEConfig
 
-    cfg = ModelConfig(hidden_dim=32, num_layers=3, num_heads=4, num_kv_heads=2, global_kv_heads=1, seq_len=16,
+    # layer 0: sliding-window, dense FFN; layer 1: global (fewer KV heads), MoE
+    cfg = ModelConfig(hidden_dim=32, num_layers=2, num_heads=4, num_kv_heads=2, global_kv_heads=1, seq_len=16,
                       sliding_window=8, global_every=2, dense_ffn_dim=64, **PIECES,
                       moe=MoEConfig(num_experts=4, top_k=2, expert_dim=16, num_shared_experts=1, latent_dim=24,
                                     latent_norm=True, num_dense_layers=1, capacity_factor=1.0))
