@@ -11,6 +11,15 @@ n-th layer and the last one global, then an FFN that is a dense SwiGLU or a rout
 (``trainer.moe``). The loss is next-token cross-entropy plus an output-logit z-loss and the router's
 balance and z losses, each with its configured weight.
 
+Marin's hero block is expressible too (``trainer.blocks``, each piece a ModelConfig field that is off by
+default): GatedNorm after the attention/FFN RMSNorms (``attn_gated_norm``/``ffn_gated_norm`` = {w_down, w_up};
+``embed_norm`` + ``embed_gated_norm`` and ``final_gated_norm`` outside the blocks), short causal convolutions
+(``attention.sconv_k``/``sconv_v``, ``sconv_attn``, ``sconv_ffn``, kernels [W, C]), q/k RMS with ``qk_mult``,
+RoPE on local layers only and on part of each head, XSA, the per-head gate ``attention.head_gate`` [D, H],
+Marin's stored-max KV layout and ``ffn.latent_norm``. ``param_groups`` labels the new leaves ``gated_norm``
+(matrices: MuonH in Marin), ``attention_gate`` and ``conv`` (Adam in Marin, not to be weight-decayed) and
+``norm`` for every 1-D gain.
+
 The router bias is not a parameter: it lives in ``RouterState`` (``{"bias": f32[n_moe_layers, E]}``),
 changes only through ``update_router_state`` after each optimizer step, and never receives a gradient.
 
