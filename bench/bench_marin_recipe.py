@@ -38,7 +38,7 @@ def specs(width: int) -> dict:
     base = local_ladder.local_spec(width, 4)
     base = base.model_copy(update={"train": base.train.model_copy(update={"wandb": "disabled"})})
     tokens_per_step = base.train.batch_size * base.model.seq_len
-    steps = base.derived.num_steps
+    steps = base.derived().num_steps
     adam = marin.adam_lr(base.train.tokens, width, tokens_per_step)
     optimizer = marin.marin_optimizer(marin.muonh_lr_for(adam), adam, steps=steps, tokens_per_step=tokens_per_step)
     optimizer = optimizer.model_copy(update={"ns_dtype": "float32"})
@@ -52,9 +52,9 @@ def specs(width: int) -> dict:
         moe=m.moe.model_copy(update=dict(latent_dim=width // 2, latent_norm=True, num_shared_experts=2,
                                          balancing="quantile", capacity_factor=marin.CAPACITY_FACTOR)),
     ))
-    fpt_base = base.derived.flops_per_token
+    fpt_base = base.derived().flops_per_token
     probe = base.model_copy(update={"model": block})
-    fpt_marin = probe.derived.flops_per_token
+    fpt_marin = probe.derived().flops_per_token
     marin_steps = max(1, round(base.train.tokens * fpt_base / fpt_marin / tokens_per_step))
     marin_tokens = marin_steps * tokens_per_step
     adam_m = marin.adam_lr(marin_tokens, width, tokens_per_step)
@@ -76,13 +76,13 @@ def summarise(run_dir: str, spec) -> dict:
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     trains = [r for r in rows if r.get("train/loss") is not None]
     evals = [r for r in rows if isinstance(r.get("eval/loss"), float)]
-    warm = max(1, round(0.01 * spec.derived.num_steps))
+    warm = max(1, round(0.01 * spec.derived().num_steps))
     losses = [r["train/loss"] for r in trains]
     rises = [b - a for a, b in zip(losses, losses[1:])]
     last = trains[-1]
     return {
-        "steps": spec.derived.num_steps,
-        "flops": spec.derived.flops_per_token * spec.train.tokens,
+        "steps": spec.derived().num_steps,
+        "flops": spec.derived().flops_per_token * spec.train.tokens,
         "final_eval": evals[-1]["eval/loss"],
         "max_grad_norm": max(r["grad/norm/total"] for r in trains if r["step"] > warm),
         "max_loss_rise": max(rises) if rises else 0.0,
