@@ -71,6 +71,15 @@ def test_newton_schulz_gives_singular_values_near_one(shape):
     assert np.ptp(singular) < 0.35
 
 
+def test_newton_schulz_in_bfloat16_as_marin_runs_it():
+    x = jax.random.normal(jax.random.key(0), (64, 32)) * 3.0
+    y = muon.newton_schulz(x, dtype=jnp.bfloat16)
+    assert y.dtype == jnp.float32  # the input's dtype comes back
+    singular = np.linalg.svd(np.asarray(y), compute_uv=False)
+    assert singular.min() > 0.75 and singular.max() < 1.2, singular
+    assert float(jnp.max(jnp.abs(y - muon.newton_schulz(x)))) > 0  # it did run in bf16
+
+
 def test_newton_schulz_equals_optax_quintic_orthogonaliser():
     """Same iteration as optax.contrib's (private) orthogonaliser with its 'dion' preset = Marin's quintic."""
     from optax.contrib import _muon as optax_muon
