@@ -68,8 +68,13 @@ Small differences that remain in the block: Marin's hero uses the fused RoPE, wh
 q/k channels, which a model trained from scratch absorbs); Marin draws weights from a normal truncated at
 3 sigma, ours untruncated.
 
+The optimizer is Marin's as well (MuonH / AdamH / Adam, above). The one difference there: Marin's MuonH
+momentum buffer follows its parameter's sharding through explicit reshards and its expert Newton-Schulz uses
+QuACK's symmetric GEMM (``use_syrk``); ours is plain jit (GSPMD keeps the expert axis local) with ordinary
+matmuls, the same arithmetic.
+
 Marin features our trainer cannot express (the numbers above are not adjusted for them):
-MuonH/AdamH optimizer groups (we run AdamW at the Adam-group LR); bf16 parameters with an fp32 host master
+bf16 parameters with an fp32 host master
 (ours keeps fp32 parameters and computes in bf16); Marin's pooled-wave all-to-all (3 waves, sender cf
 1.15) and its dropless ``sonic_cute`` eval backend; simulated epoching of the rungs' data to the
 18.75T-token target budget (§6c); Marin's Paloma/uncheatable validation sets (our ``eval/loss`` is the
