@@ -46,10 +46,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from trainer import moe as moe_lib
+from trainer import sharding as sharding_lib
 from trainer.config import MoEConfig
 
 EXPERT_AXIS = "expert"
-TOKEN_AXES_ORDER = ("data", "fsdp", "expert")  # the batch is split over every mesh axis, in this order
 # What jaxlib 0.10.2 answers when a program with a ragged all-to-all is compiled for CPU.
 CPU_RAGGED_REFUSAL = "UNIMPLEMENTED: HLO opcode `ragged-all-to-all` is not supported by XLA:CPU ThunkEmitter"
 
@@ -107,7 +107,7 @@ def _on_mesh(local_fn: Callable, x_TxD, routing: moe_lib.Routing, experts: dict,
             f"moe.num_experts={cfg.num_experts} does not split over the mesh's {ep} expert shards; "
             "choose train.mesh['expert'] that divides the number of experts."
         )
-    token_axes = tuple(a for a in TOKEN_AXES_ORDER if a in mesh.axis_names)
+    token_axes = sharding_lib.batch_axes(mesh)  # the batch is split over every mesh axis
     shards = 1
     for a in token_axes:
         shards *= _axis_size(mesh, a)
