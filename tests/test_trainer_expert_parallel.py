@@ -385,3 +385,26 @@ def test_expert_parallel_across_two_processes(tmp_path):
     oracle, one, two = losses("one-process-dense"), losses("one-process-alltoall"), losses("two-process-alltoall")
     np.testing.assert_allclose(two, one, rtol=1e-5)
     np.testing.assert_allclose(one, oracle, rtol=1e-4)
+
+
+def test_without_a_mesh_the_dispatches_are_todays_single_device_ones():
+    """Traced outside any mesh (a plain jit, e.g. an eval with eval_dispatch='as_trained'), the whole batch
+    is one shard: "alltoall" is "capacity" and "ragged_alltoall" is "ragged", even with drops."""
+    import jax
+    import numpy as np
+
+    from trainer import model
+
+    cfg = make_job(moe(capacity_factor=1.0)).model
+    params = model.init_params(cfg, jax.random.key(0))
+    state = model.init_router_state(cfg)
+    batch = jax.random.randint(jax.random.key(1), (4, cfg.seq_len + 1), 0, cfg.vocab_size)
+
+    def loss(dispatch):
+        return jax.jit(lambda p: model.loss_fn(p, state, batch, cfg, dispatch=dispatch))(params)
+
+    for ep_name, today in (("alltoall", "capacity"), ("ragged_alltoall", "ragged")):
+        (ep_loss, ep_aux), (ref_loss, ref_aux) = loss(ep_name), loss(today)
+        assert float(ep_loss) == float(ref_loss)
+        assert float(ep_aux["drop_fraction"]) == float(ref_aux["drop_fraction"])
+    assert float(loss("alltoall")[1]["drop_fraction"]) > 0
