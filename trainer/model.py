@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from trainer import blocks as pieces
+from trainer import layers_scan
 from trainer import moe as moe_lib
 from trainer.config import ModelConfig
 
@@ -148,11 +149,45 @@ def _is_shape(x: Any) -> bool:
     return isinstance(x, tuple) and all(isinstance(n, int) for n in x)
 
 
+def _unrolled(cfg: ModelConfig) -> ModelConfig:
+    return cfg.model_copy(update={"scan_layers": False}) if cfg.scan_layers else cfg
+
+
+def layer_signature(cfg: ModelConfig, layer: int) -> tuple:
+    """What makes a layer's block a different program: everything ``_block`` reads from its layer index
+    (dense or MoE, global or local, attention window, KV heads used) and the tree of its parameter shapes
+    (every piece a block holds). Layers of equal signature can share a scan."""
+    shapes = param_shapes(_unrolled(cfg))["blocks"][f"{layer:03d}"]
+    paths = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)[0]
+    uses = (cfg.is_moe_layer(layer), cfg.is_global_layer(layer), layer_window(cfg, layer), layer_kv_heads(cfg, layer))
+    return (*uses, tuple((jax.tree_util.keystr(p), s) for p, s in paths))
+
+
+@functools.lru_cache(maxsize=64)
+def layer_segments(cfg: ModelConfig) -> tuple[layers_scan.Segment, ...]:
+    """How ``forward`` runs the layers with ``cfg.scan_layers``: scanned segments and unrolled layers."""
+    return layers_scan.plan_segments([layer_signature(cfg, i) for i in range(cfg.num_layers)])
+
+
+def stack_params(params: Params, cfg: ModelConfig) -> Params:
+    """Unrolled-layout params (``"000"``, ``"001"``, ...) in the stacked layout of ``cfg`` (``scan_layers``)."""
+    blocks = layers_scan.stack_blocks(params["blocks"], layer_segments(cfg), jnp.stack)
+    return {**params, "blocks": blocks}
+
+
+def unstack_params(params: Params, cfg: ModelConfig) -> Params:
+    """Stacked-layout params (or gradients) back in the unrolled layout: the exact inverse of ``stack_params``."""
+    return {**params, "blocks": layers_scan.unstack_blocks(params["blocks"], layer_segments(cfg))}
+
+
 def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
     """Normal(0, init_std) matrices (Marin: 0.5/sqrt(d)), unit RMSNorm gains; float32.
 
-    Compiled as one program: drawing leaf by leaf eagerly costs a compile per distinct shape.
+    Compiled as one program: drawing leaf by leaf eagerly costs a compile per distinct shape. With
+    ``cfg.scan_layers`` the unrolled draw is stacked, so a scanned model starts from its unrolled twin's weights.
     """
+    if cfg.scan_layers:
+        return stack_params(_init_params_jit(_unrolled(cfg), key), cfg)
     return _init_params_jit(cfg, key)
 
 
@@ -503,17 +538,24 @@ def forward(
         x_TxD = rms_norm(x_TxD, params["embed_norm"], cfg.norm_eps)
         if "embed_gated_norm" in params:
             x_TxD = pieces.gated_norm(params["embed_gated_norm"], x_TxD)
-    layer_stats = []
-    moe_index = 0
-    for i in range(cfg.num_layers):
+
+    def layer_fn(i: int, *, prevent_cse: bool = True):
         block_fn = functools.partial(_block, cfg=cfg, layer=i, batch=batch, dispatch=dispatch)
         if policy is not None:
-            block_fn = jax.checkpoint(block_fn, policy=policy)
-        bias_E = router_state["bias"][moe_index] if cfg.is_moe_layer(i) else None
-        x_TxD, stats = block_fn(params["blocks"][f"{i:03d}"], x_TxD, bias_E)
-        if cfg.is_moe_layer(i):
-            layer_stats.append(stats)
-            moe_index += 1
+            block_fn = jax.checkpoint(block_fn, policy=policy, prevent_cse=prevent_cse)
+        return block_fn
+
+    if cfg.scan_layers:
+        x_TxD, layer_stats = _scanned_layers(layer_fn, params["blocks"], router_state, x_TxD, cfg)
+    else:
+        layer_stats = []
+        moe_index = 0
+        for i in range(cfg.num_layers):
+            bias_E = router_state["bias"][moe_index] if cfg.is_moe_layer(i) else None
+            x_TxD, stats = layer_fn(i)(params["blocks"][f"{i:03d}"], x_TxD, bias_E)
+            if cfg.is_moe_layer(i):
+                layer_stats.append(stats)
+                moe_index += 1
     x_TxD = rms_norm(x_TxD, params["final_norm"], cfg.norm_eps)
     if "final_gated_norm" in params:
         x_TxD = pieces.gated_norm(params["final_gated_norm"], x_TxD)
@@ -521,6 +563,52 @@ def forward(
     head_DxV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     logits_TxV = (x_TxD @ head_DxV).astype(jnp.float32)
     return logits_TxV.reshape(batch, length, -1), layer_stats
+
+
+def _scanned_layers(
+    layer_fn, blocks: dict, router_state: RouterState, x_TxD: jax.Array, cfg: ModelConfig
+) -> tuple[jax.Array, list[dict]]:
+    """The layers of ``layer_segments(cfg)`` over stacked blocks: each scanned segment is one ``lax.scan``
+    whose body runs the unit's layers unrolled (each under its remat policy, so remat sits inside the
+    scanned body); unrolled layers run as in the loop. Returns the per-MoE-layer stats in layer order.
+
+    Inside a scan the recomputation of a checkpointed block lives in the backward loop's body, apart from
+    the forward, so ``prevent_cse`` (which would also block XLA's optimisations there) is off, as JAX
+    advises for ``jax.checkpoint`` under ``lax.scan``.
+    """
+    moe_index = {layer: n for n, layer in enumerate(moe_layer_indices(cfg))}
+    stats_of: dict[int, dict] = {}
+    for segment in layer_segments(cfg):
+        if not segment.scanned:
+            i = segment.start
+            bias_E = router_state["bias"][moe_index[i]] if i in moe_index else None
+            x_TxD, stats = layer_fn(i)(blocks[segment.key], x_TxD, bias_E)
+            if i in moe_index:
+                stats_of[i] = stats
+            continue
+        positions = [layers_scan.position_key(j) for j in range(segment.unit)]
+        unit_fns = [layer_fn(segment.start + j, prevent_cse=False) for j in range(segment.unit)]
+        biases_RxE = {
+            key: router_state["bias"][np.array([moe_index[i] for i in segment.layers(j)])]
+            for j, key in enumerate(positions)
+            if segment.start + j in moe_index
+        }
+
+        def body(x_TxD, per_repeat, positions=positions, unit_fns=unit_fns):
+            unit_params, unit_bias = per_repeat
+            unit_stats = {}
+            for key, fn in zip(positions, unit_fns):
+                x_TxD, stats = fn(unit_params[key], x_TxD, unit_bias.get(key))
+                if key in unit_bias:
+                    unit_stats[key] = stats
+            return x_TxD, unit_stats
+
+        x_TxD, stacked = jax.lax.scan(body, x_TxD, (blocks[segment.key], biases_RxE))
+        for j, key in enumerate(positions):
+            for r, i in enumerate(segment.layers(j)):
+                if key in stacked:
+                    stats_of[i] = jax.tree.map(lambda a, r=r: a[r], stacked[key])
+    return x_TxD, [stats_of[i] for i in sorted(stats_of)]
 
 
 def _router_aux(layer_stats: list[dict], cfg: ModelConfig, num_tokens: int) -> dict:
