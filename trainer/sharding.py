@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from trainer.config import ModelConfig
+from trainer.layers_scan import layer_axis_repeats
 
 MESH_AXES = ("data", "fsdp", "expert")
 
@@ -48,6 +49,9 @@ def _axis_size(mesh: Mesh, name: str) -> int:
 
 def param_partition_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
     """Sharding rule of one parameter from its path and shape (see module docstring)."""
+    if layer_axis_repeats(path) is not None:  # stacked layers (trainer/layers_scan.py): the layer axis stays whole
+        layer_path = tuple(name for name in path if layer_axis_repeats((name,)) is None)
+        return P(None, *param_partition_spec(layer_path, shape[1:], mesh))
     spec: list[str | None] = [None] * len(shape)
     if len(shape) < 2:
         return P(*spec)
