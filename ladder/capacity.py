@@ -8,10 +8,13 @@ checked against XLA), the FLOPs from the spec's derived numbers (``trainer.accou
 convention, as ``ladder plan`` always reported them), and the peak FLOP/s and HBM sizes from the tables
 in ``trainer.accounting``.
 
-Memory policy: the trainer's own (``trainer.memory.TRAINER_POLICY``) unless the spec declares another with
-the tag ``memory_policy`` (a policy name such as ``"marin"``, or a ``MemoryPolicy`` as JSON) or the caller
+Memory policy: the trainer's own (``trainer.memory.TRAINER_POLICY``: the job's fields through the trainer's
+own state shardings, dtypes and memory kinds) unless the spec declares another with the tag ``memory_policy``
+(a policy name such as ``"marin"`` or ``"trainer-sharded"``, or a ``MemoryPolicy`` as JSON) or the caller
 overrides it. When the policy is not the trainer's, the row also carries the trainer's own figure, so a
-plan never hides what the code in this repository would need.
+plan never hides what the code in this repository would need. A row whose trainer figure does not fit also
+carries the figure with every memory feature of the trainer on (``trainer-sharded``), and the largest
+micro-batch, if any, with which the step fits: what a user can set in the spec, with the fields named.
 """
 
 from __future__ import annotations
@@ -24,15 +27,18 @@ MEMORY_POLICY_TAG = "memory_policy"
 DEFAULT_HEADROOM = 0.10
 SECONDS_PER_DAY = 86_400.0
 LEFT_OUT = (
-    "not modelled: collective and all-to-all staging buffers, XLA fusion temporaries beyond one block's "
+    "not modelled: collective staging buffers (ZeRO-3 gathers count one block's weights whole; the all-to-all "
+    "buckets are modelled from the expert-parallel layer's own sizing), XLA fusion temporaries beyond one block's "
     "backward, host-offload transfer buffers, the eval step, checkpoint writes; step time is FLOPs / (devices x "
     "peak x MFU), with no separate communication, data or checkpoint time"
 )
 VALIDATION = (
     "memory model checked (tests/test_capacity.py) against JAX's saved residuals (within 7% for every remat "
-    "policy, float32 and bfloat16) and XLA's memory_analysis of the real jitted step on fake CPU devices "
-    "(float32: 0.997-1.15 of XLA; save_dots on a dense model 1.29, an fsdp axis 1.24: on the safe side); "
-    "XLA:CPU computes bfloat16 in float32, so bf16 totals are checked only at the JAX level"
+    "policy, float32 and bfloat16) and XLA's memory_analysis of the real jitted step on 8 fake CPU devices: "
+    "plan/XLA 1.04-1.12 for plain jit, all-to-all expert parallelism, ZeRO-3 with bf16_mixed, host offload, and "
+    "remat + micro-batching (BENCHMARKS.md, 'Capacity plan against XLA'); XLA:CPU computes bfloat16 in float32 and places "
+    "pinned_host state in the same memory, so there bf16 activations are checked at float32 width and offloaded "
+    "bytes against the device total"
 )
 
 
@@ -51,6 +57,10 @@ class MemoryFigures(BaseModel):
     needs_hbm_bytes: float = Field(description="HBM a device would need: total / (1 - headroom).")
     activation_bytes_per_token: float
     tokens_per_device: int
+    microbatch_size: int = Field(0, description="Sequences per micro-batch these figures assume.")
+    features: list[str] = Field(
+        default_factory=list, description="Trainer fields these figures rely on (a policy the trainer runs)."
+    )
     notes: list[str] = Field(default_factory=list)
 
 
@@ -72,6 +82,17 @@ class CapacityRow(BaseModel):
     memory: MemoryFigures = Field(description="Under the step's memory policy.")
     memory_trainer: MemoryFigures | None = Field(
         None, description="Under the trainer's own policy, when the step's policy is another one."
+    )
+    memory_trainer_sharded: MemoryFigures | None = Field(
+        None,
+        description="With every memory feature of the trainer on (policy 'trainer-sharded'), when the trainer's "
+        "own figure does not fit and the job does not already run that way.",
+    )
+    fits_with_microbatch: MemoryFigures | None = Field(
+        None,
+        description="The largest train.microbatch_size with which a trainer-run figure that does not fit would fit "
+        "(its figures; microbatch_size says which), trying the trainer-sharded policy first; None when none does "
+        "or nothing needed it.",
     )
     host_memory_bytes: float | None = Field(None, description="ResourceSpec.memory_gb per host, in bytes.")
     host_offload_bytes_per_host: int = Field(description="What the policy offloads to host memory, per host.")
@@ -118,8 +139,32 @@ def _figures(job, mesh: dict[str, int], policy, hbm: float | None, headroom: flo
         needs_hbm_bytes=est.total / (1.0 - headroom),
         activation_bytes_per_token=est.activation_bytes_per_token,
         tokens_per_device=est.tokens_per_device,
+        microbatch_size=est.microbatch_size,
+        features=list(est.features),
         notes=list(est.notes),
     )
+
+
+def microbatch_sizes(job, devices: int) -> list[int]:
+    """Micro-batch sizes the trainer accepts for ``job`` on this many devices, largest first, below the batch:
+    divisors of train.batch_size that split over every device (trainer.config.TrainConfig's rule)."""
+    batch = job.train.batch_size
+    return [m for m in range(batch - 1, 0, -1) if batch % m == 0 and m % devices == 0]
+
+
+def _fitting_microbatch(job, mesh, policy, hbm: float, headroom: float) -> MemoryFigures | None:
+    """The figures of the largest micro-batch with which ``job`` fits under ``policy``; None if none does."""
+    from trainer import memory
+
+    devices = 1
+    for size in mesh.values():
+        devices *= size
+    for size in microbatch_sizes(job, devices):
+        trial = memory.with_trainer_fields(job, {"train.microbatch_size": size})
+        figures = _figures(trial, mesh, policy, hbm, headroom)
+        if figures.fits:
+            return figures
+    return None
 
 
 def _normalised(accelerator: str) -> str:
@@ -166,6 +211,21 @@ def capacity_row(
 
     figures = _figures(job, mesh, policy, hbm, headroom)
     trainer_figures = None if policy == memory.TRAINER_POLICY else _figures(job, mesh, memory.TRAINER_POLICY, hbm, headroom)
+    own = figures if policy == memory.TRAINER_POLICY else trainer_figures
+    sharded = suggestion = None
+    if own.fits is False:
+        sharded_job = memory.with_trainer_fields(job, memory.TRAINER_SHARDED_POLICY.trainer_fields)
+        if policy != memory.TRAINER_SHARDED_POLICY and sharded_job != job:
+            sharded = _figures(job, mesh, memory.TRAINER_SHARDED_POLICY, hbm, headroom)
+        runnable = [(p, f) for p, f in ((memory.TRAINER_SHARDED_POLICY, sharded), (memory.TRAINER_POLICY, own))
+                    if f is not None]
+        if policy.trainer_fields is not None:
+            runnable.insert(0, (policy, figures))
+        if not any(f.fits for _, f in runnable):
+            for candidate, _ in runnable:
+                suggestion = _fitting_microbatch(job, mesh, candidate, hbm, headroom)
+                if suggestion is not None:
+                    break
 
     flops_per_step = derived.total_flops / derived.num_steps
     step_seconds = wall = hours = cost = None
@@ -202,12 +262,22 @@ def capacity_row(
             "back for the runtime, allocator fragmentation and compiler scratch"
             if hbm is not None else f"no HBM size known for {accelerator!r}: no fit check"
         )
+    if policy.trainer_fields is not None:
+        run = memory.with_trainer_fields(job, policy.trainer_fields)
+        offloaded = {"none": "nothing", "optimizer": "the optimizer state",
+                     "master_and_optimizer": "the float32 master and the optimizer state"}[run.train.offload]
+        dtypes = (f"dtypes and places from the trainer's state shardings: float32 parameters (the master) and "
+                  f"{run.optimizer.name} state, "
+                  f"{'one bf16 compute copy per step' if run.train.precision == 'bf16_mixed' else 'weights cast per use'}"
+                  f" to compute {run.model.compute_dtype}, float32 gradients; {offloaded} in pinned host memory")
+    else:
+        dtypes = (f"dtypes: device params {policy.param_dtype}, gradients {policy.gradient_dtype or policy.param_dtype}, "
+                  f"AdamW mu+nu float32 on {policy.optimizer_state}, master "
+                  f"{'= device params' if policy.master_params == 'none' else 'float32 on ' + policy.master_params}, "
+                  f"compute {cfg.compute_dtype}")
     assumptions += [
         f"memory policy '{policy.name}': {policy.description or policy.model_dump_json()}",
-        f"dtypes: device params {policy.param_dtype}, gradients {policy.gradient_dtype or policy.param_dtype}, "
-        f"AdamW mu+nu float32 on {policy.optimizer_state}, master "
-        f"{'= device params' if policy.master_params == 'none' else 'float32 on ' + policy.master_params}, "
-        f"compute {cfg.compute_dtype}",
+        dtypes,
         f"remat '{figures.remat}'"
         + (f" (the policy's; the spec says '{memory.remat_of(job)}')" if figures.remat != memory.remat_of(job) else "")
         + f"; micro-batch {memory.microbatch_of(job)} of {job.train.batch_size} sequences "
@@ -230,6 +300,8 @@ def capacity_row(
         headroom=headroom,
         memory=figures,
         memory_trainer=trainer_figures,
+        memory_trainer_sharded=sharded,
+        fits_with_microbatch=suggestion,
         host_memory_bytes=host_memory,
         host_offload_bytes_per_host=host_offload,
         host_fits=None if host_memory is None or not host_offload else host_offload <= host_memory,

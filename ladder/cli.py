@@ -147,11 +147,28 @@ def _print_capacity(rows: dict[str, Any]) -> None:
             console.print(f"  - {line}")
     for name, r in rows.items():
         own = [line for line in r.assumptions if line not in shared]
+        if r.memory.features:
+            own.append(f"relies on trainer fields: {', '.join(r.memory.features)}")
         if r.memory_trainer is not None:
             own.append(
                 f"under the trainer's own policy: {_gb(r.memory_trainer.total)} GB per device, "
                 f"{fit_verdict(r.memory_trainer, r.hbm_bytes)} (remat '{r.memory_trainer.remat}')"
             )
+        if r.memory_trainer_sharded is not None:
+            s = r.memory_trainer_sharded
+            own.append(
+                f"with the trainer's memory features on (policy 'trainer-sharded'): {_gb(s.total)} GB per device, "
+                f"{fit_verdict(s, r.hbm_bytes)}, with {', '.join(s.features)}"
+            )
+        if r.fits_with_microbatch is not None:
+            m = r.fits_with_microbatch
+            own.append(
+                f"fits with train.microbatch_size={m.microbatch_size} ({r.microbatch_size // m.microbatch_size} "
+                f"micro-batches) under policy '{m.policy}': {_gb(m.total)} GB per device (micro-batching is part of "
+                "the job's identity: capacity buffers are per micro-batch)"
+            )
+        elif r.memory_trainer_sharded is not None and not r.memory_trainer_sharded.fits:
+            own.append("no micro-batch size makes the trainer's policies fit")
         if r.host_fits is not None:
             own.append(
                 f"host memory: {_gb(r.host_offload_bytes_per_host)} GB offloaded per host against "
@@ -175,7 +192,9 @@ def plan(
         "TPU-V6E), overriding resources.accelerator_type."
     ),
     memory_policy: Optional[str] = typer.Option(
-        None, "--memory-policy", help="Memory policy for every step: 'trainer', 'marin' or a MemoryPolicy as JSON "
+        None, "--memory-policy", help="Memory policy for every step: 'trainer' (the job as declared), 'trainer-sharded' "
+        "(the job with EP, ZeRO-3, bf16_mixed and host offload on), 'marin' (Marin's run, described) or a MemoryPolicy "
+        "as JSON, e.g. '{\"name\": \"mine\", \"trainer_fields\": {\"train.param_sharding\": \"zero3\"}}' "
         "(default: the spec's 'memory_policy' tag, else 'trainer')."
     ),
     hbm_headroom: float = typer.Option(
