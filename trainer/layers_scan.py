@@ -14,7 +14,10 @@ of a unit become one scanned segment whose body runs the unit's layers unrolled;
 nothing (leading dense layers, a trailing global layer) stay unrolled. ``plan_segments`` chooses the
 segmentation that traces the fewest block bodies (a scanned segment costs its unit length, an unrolled
 layer costs one), preferring fewer segments on a tie. It is a small dynamic programme over positions,
-so any pattern is handled, not only the ones ``ModelConfig`` can express today.
+so any pattern is handled, not only the ones ``ModelConfig`` can express today. With few repeats it may
+scan runs of equal layers rather than the whole unit (``dlllglllgg``: d, lll, g, lll, gg = 5 bodies,
+against 6 for d, (lllg) x 2, g). The plan decides the stored layout, so a change to it changes the
+checkpoint layout of every ``scan_layers`` run: treat it as part of the format.
 
 The layout. With ``ModelConfig.scan_layers`` the parameters are *stored* stacked, not stacked inside the
 step: stacking in the jitted step would copy every block weight (and its gradient back) on every step,
