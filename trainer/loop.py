@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trainer import checkpoint as checkpoint_lib
 from trainer import distributed
 from trainer import metrics as metrics_lib
+from trainer import precision
 from trainer.step import jit_train_step
 from trainer.config import TrainConfig, TrainJob
 
@@ -331,11 +332,12 @@ def train(
     def run_eval(state: Any, step: int) -> None:
         record = base_record(step)
         losses = []
+        params = precision.params_on_device(state["params"])  # train.offload may keep the master on the host
         for source in pipeline.source_names:
             if source not in eval_cache:
                 batches = pipeline.eval_batches(source, batch_size=tcfg.batch_size, num_batches=tcfg.eval_batches)
                 eval_cache[source] = [to_device(local_slice(b)) for b in batches]
-            values = [eval_loss(state["params"], state["router_state"], b) for b in eval_cache[source]]
+            values = [eval_loss(params, state["router_state"], b) for b in eval_cache[source]]
             loss = float(np.mean(jax.device_get(values)))
             record[f"eval/{source}/loss"] = loss
             losses.append(loss)

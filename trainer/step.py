@@ -35,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import moe as moe_lib
 from trainer import optim
+from trainer import precision as precision_lib
 from trainer import sharding as sharding_lib
 from trainer.config import TrainJob
 
@@ -92,16 +93,25 @@ def make_loss_and_grads(job: TrainJob, model: Any, *, mesh: jax.sharding.Mesh | 
     """
     cfg = job.model
     remat = job.train.remat
+    mixed = job.train.precision == "bf16_mixed"
 
-    def loss_and_grads(params, router_state, batch, loss_scale):
+    def loss_and_grads(weights, router_state, batch, loss_scale):
         def objective(p):
             loss, aux = model.loss_fn(p, router_state, batch, cfg, remat=remat)
             return loss * loss_scale, aux
 
-        return jax.value_and_grad(objective, has_aux=True)(params)
+        return jax.value_and_grad(objective, has_aux=True)(weights)
 
     if job.train.num_microbatches == 1:
-        return loss_and_grads
+        if not mixed:
+            return loss_and_grads
+
+        def mixed_loss_and_grads(params, router_state, batch, loss_scale):
+            weights = precision_lib.compute_copy(params, job, model)
+            (loss, aux), grads = loss_and_grads(weights, router_state, batch, loss_scale)
+            return (loss, aux), precision_lib.to_float32(grads)
+
+        return mixed_loss_and_grads
     mesh = mesh if mesh is not None else _default_mesh(job)
     shards = mesh.devices.size
     if job.train.microbatch_size % shards:
@@ -201,14 +211,15 @@ def _make_accumulator(job: TrainJob, model: Any, loss_and_grads, mesh: jax.shard
 
     def accumulate(params, router_state, batch, loss_scale):
         micro_batches = split_microbatches(batch, n, mesh)
-        param_shardings = sharding_lib.param_shardings(params, cfg, mesh)
-        abstract = jax.eval_shape(lambda b: loss_and_grads(params, router_state, b, loss_scale), micro_batches[0])
+        param_shardings = sharding_lib.param_shardings(params, cfg, mesh, job.train.param_sharding)
+        weights = precision_lib.compute_copy(params, job, model)  # bf16_mixed: once per step, not per micro-batch
+        abstract = jax.eval_shape(lambda b: loss_and_grads(weights, router_state, b, loss_scale), micro_batches[0])
         (_, abstract_aux), _ = abstract
 
         def body(carry, micro_batch):
             grad_sum, sums, counts = carry
             micro_batch = jax.lax.with_sharding_constraint(micro_batch, micro_sharding)
-            (loss, aux), grads = loss_and_grads(params, router_state, micro_batch, loss_scale)
+            (loss, aux), grads = loss_and_grads(weights, router_state, micro_batch, loss_scale)
             grad_sum = jax.tree.map(lambda acc, g: acc + g.astype(jnp.float32), grad_sum, grads)
             grad_sum = jax.lax.with_sharding_constraint(grad_sum, param_shardings)
             sums = {k: v + (loss if k == "_objective" else aux[k]) for k, v in sums.items()}
@@ -274,16 +285,17 @@ def jit_train_step(job: TrainJob, model: Any, mesh: jax.sharding.Mesh) -> Jitted
     abstract_params = jax.eval_shape(lambda k: model.init_params(cfg, k), jax.random.key(job.train.seed))
     groups = model.param_groups(abstract_params)
     optimizer = optim.build_optimizer(job.optimizer, abstract_params, groups)
-    param_shardings = sharding_lib.param_shardings(abstract_params, cfg, mesh)
+    precision_lib.check_offload(job, mesh)
+    param_shardings = sharding_lib.param_shardings(abstract_params, cfg, mesh, job.train.param_sharding)
     abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
     opt_shardings = optim.state_shardings(optimizer, abstract_opt_state, param_shardings, replicated)
     router_state0 = model.init_router_state(cfg)
-    state_shardings = {
+    state_shardings = precision_lib.place_state(job, {  # train.offload: host memory for master and/or AdamW state
         "step": replicated,
         "params": param_shardings,
         "opt_state": opt_shardings,
         "router_state": jax.tree.map(lambda _: replicated, router_state0),
-    }
+    })
     abstract_state = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         {
@@ -296,6 +308,7 @@ def jit_train_step(job: TrainJob, model: Any, mesh: jax.sharding.Mesh) -> Jitted
     )
     batch_sharding = sharding_lib.batch_sharding(mesh)
     step_fn = make_train_step(job, model, optimizer, groups, mesh=mesh)
+    step_fn = precision_lib.with_offload(step_fn, job, state_shardings)
 
     def step_on_mesh(*args):  # traced in the mesh's context: the expert-parallel MoE dispatch (shard_map) reads it
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
