@@ -225,6 +225,7 @@ TWO_LAYERS = small_moe(num_layers=2, seq_len=128, sliding_window=32)
 EP = {"dispatch": "alltoall"}
 
 
+@pytest.mark.slow  # about 25 s: compiles real steps on 8 fake devices
 def test_step_memory_matches_xla_on_fake_cpu_devices():
     """The whole estimate (state + gradients + activations) against XLA's memory_analysis of the real jitted
     train step (argument + output - donated alias + temp, per device) on 8 fake CPU devices, compiled as the

@@ -200,7 +200,7 @@ def test_an_error_a_restart_would_repeat_fails_the_gang_at_once_with_the_message
 
 @pytest.mark.parametrize(
     "mesh, experts",
-    [({"data": 4, "expert": 2}, 4), ({"expert": 8}, 8)],
+    [({"data": 4, "expert": 2}, 4), pytest.param({"expert": 8}, 8, marks=pytest.mark.slow)],  # about 50 s each
     ids=["data4-expert2:data-axis-crosses-processes", "expert8:expert-axis-crosses-processes"],
 )
 def test_two_processes_give_the_losses_of_one_process_on_embedded_ray(tmp_path, mesh, experts):

@@ -361,6 +361,7 @@ SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # about 25 s: an 8-device subprocess
 def test_sharded_step_with_every_piece_matches_single_device():
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     root = Path(__file__).resolve().parents[1]

@@ -283,6 +283,7 @@ def sharded_job(microbatch_size: int | None) -> TrainJob:
     )
 
 
+@pytest.mark.slow  # about 25 s: an 8-device subprocess
 def test_sharded_muonh_step_equals_single_device_and_keeps_experts_local():
     """3 MuonH train steps on data x fsdp x expert, and on expert=8 with 2 micro-batches (8 fake CPU devices),
     give the single-device parameters; the experts' momentum stays expert-sharded; and on an
@@ -307,6 +308,7 @@ def test_sharded_muonh_step_equals_single_device_and_keeps_experts_local():
 # Resume
 
 
+@pytest.mark.slow  # about 17 s: three trainer.train runs
 def test_muonh_run_resumes_from_its_checkpoint_bit_for_bit(tmp_path, monkeypatch):
     from trainer.loop import default_compilation_cache_dir, train
     from trainer.metrics import read_metrics

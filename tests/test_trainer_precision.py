@@ -78,7 +78,7 @@ def test_unknown_param_sharding_rule_names_the_field():
 # Mixed precision
 
 
-@pytest.mark.parametrize("moe, microbatch", [(None, None), (MOE_NO_DROP, BATCH // 4)], ids=["dense", "moe-micro"])
+@pytest.mark.parametrize("moe, microbatch", [(None, None), pytest.param(MOE_NO_DROP, BATCH // 4, marks=pytest.mark.slow)], ids=["dense", "moe-micro"])
 def test_bf16_mixed_gives_the_per_use_cast_numbers_with_float32_master_and_gradients(moe, microbatch):
     per_use = bf16_job(moe, microbatch_size=microbatch)
     mixed = with_train(per_use, precision="bf16_mixed")
