@@ -274,6 +274,18 @@ def test_param_groups_tell_the_pieces_apart():
     assert blk["attention"]["wq"] == "attention" and groups["lm_head"] == "lm_head" and groups["embed"] == "embedding"
 
 
+def test_adamw_does_not_decay_the_pass_through_convolutions():
+    from trainer import optim
+
+    cfg = _moe_all_pieces()
+    params = jax.eval_shape(lambda: model.init_params(cfg, jax.random.key(0)))
+    decays = optim.weight_decay_mask(params, model.param_groups(params))
+    blk = decays["blocks"]["002"]
+    assert not any([blk["attention"]["sconv_k"], blk["attention"]["sconv_v"], blk["sconv_attn"], blk["sconv_ffn"]])
+    assert params["blocks"]["002"]["sconv_ffn"].ndim == 2  # a matrix: the ndim rule alone would decay it
+    assert blk["attention"]["wq"] and not blk["attn_norm"]
+
+
 def test_defaults_add_nothing_to_identity_or_params():
     plain = ModelConfig(hidden_dim=32, num_layers=2, num_heads=4, moe=MoEConfig(num_experts=4, latent_dim=16))
     payload = identity_payload(plain)

@@ -39,7 +39,8 @@ import optax
 
 from trainer.config import OptimizerConfig, ScheduleConfig, TrainJob
 
-NO_DECAY_GROUPS: frozenset[str] = frozenset({"norm", "embedding"})
+# conv: the short causal convolutions start as the identity (a pass-through); decay would pull them to zero
+NO_DECAY_GROUPS: frozenset[str] = frozenset({"norm", "embedding", "conv"})
 
 
 def warmup_steps(schedule: ScheduleConfig, num_steps: int) -> int:
@@ -107,7 +108,7 @@ def lr_fn(optimizer: OptimizerConfig, num_steps: int):
 
 
 def weight_decay_mask(params: Any, groups: Any) -> Any:
-    """True where weight decay applies: matrices (ndim >= 2) not in a norm or embedding group."""
+    """True where weight decay applies: matrices (ndim >= 2) not in a ``NO_DECAY_GROUPS`` group."""
     return jax.tree.map(lambda p, g: bool(p.ndim >= 2 and g not in NO_DECAY_GROUPS), params, groups)
 
 
