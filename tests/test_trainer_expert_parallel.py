@@ -223,6 +223,21 @@ SCRIPT = textwrap.dedent(
             **traced,
         }
         mark(f"step {name}")
+
+    if PART == "fast":  # the eval loss traces in the mesh too: "as_trained" evaluates with the all-to-all dispatch
+        def eval_job(dispatch, **train):
+            j = make_job(moe(dispatch=dispatch), **train)
+            return j.model_copy(update={"train": j.train.model_copy(update={"eval_dispatch": "as_trained"})})
+        mesh = sharding.make_mesh({"data": 2, "expert": 4})
+        as_trained = eval_job("alltoall", mesh={"data": 2, "expert": 4})
+        p_sh = sharding.param_shardings(params, as_trained.model, mesh)
+        args = (jax.device_put(params, p_sh), router_state, jax.device_put(batch, sharding.batch_sharding(mesh)))
+        lowered = step_lib.jit_eval_loss(as_trained, model, mesh).lower(*args)
+        compiled = lowered.compile()
+        ref = step_lib.jit_eval_loss(eval_job("dense"), model, sharding.make_mesh({"data": 1}))(params, router_state, batch)
+        out["eval"] = {"loss": float(compiled(*args)), "ref_loss": float(ref), "all_to_all": a2a_count(compiled),
+                       "shard_maps": lowered.as_text().count("sdy.manual_computation")}
+        mark("eval as trained")
     print("RESULT" + json.dumps(out))
     """
 )
@@ -301,6 +316,14 @@ def test_train_step_with_microbatches_and_remat_equals_the_single_device_step(fa
     """jit_train_step on data=2 x expert=4, quantile balancing, 2 micro-batches, full remat, against one
     device's un-split dense-oracle step."""
     _assert_step_matches(fast["steps"]["quantile_micro_remat"])
+
+
+def test_eval_as_trained_runs_the_alltoall_dispatch_on_the_mesh(fast):
+    """trainer.step.jit_eval_loss (what the loop evaluates with) traces in the mesh's context: with
+    eval_dispatch="as_trained" the expert-parallel model evaluates through its all-to-all, equal to the dense oracle."""
+    assert fast["eval"]["shard_maps"] >= 2, fast["eval"]  # each MoE layer is a shard_map (outside the mesh: none)
+    assert fast["eval"]["all_to_all"] > 0
+    assert fast["eval"]["loss"] == pytest.approx(fast["eval"]["ref_loss"], rel=1e-6)
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ from trainer import checkpoint as checkpoint_lib
 from trainer import distributed
 from trainer import metrics as metrics_lib
 from trainer import precision
-from trainer.step import jit_train_step
+from trainer.step import jit_eval_loss, jit_train_step
 from trainer.config import TrainConfig, TrainJob
 
 log = logging.getLogger(__name__)
@@ -244,10 +244,7 @@ def train(
             "router_state": jax.device_put(router_state, state_shardings["router_state"]),
         }
 
-    eval_dispatch = "ragged" if (tcfg.eval_dispatch == "dropless" and cfg.moe is not None) else None
-    eval_loss = jax.jit(
-        lambda p, r, b: model.loss_fn(p, r, b, cfg, dispatch=eval_dispatch)[1]["lm_loss"], out_shardings=replicated
-    )
+    eval_loss = jit_eval_loss(job, model, mesh)
 
     def to_device(local_batch: np.ndarray) -> jax.Array:
         return jax.make_array_from_process_local_data(batch_sharding, np.asarray(local_batch, dtype=np.int32))

@@ -322,3 +322,18 @@ def jit_train_step(job: TrainJob, model: Any, mesh: jax.sharding.Mesh) -> Jitted
         compiler_options=xla_compiler_options(job, mesh.devices.flat[0].platform),
     )
     return JittedStep(train_step, optimizer, state_shardings, abstract_state, batch_sharding, replicated, router_state0)
+
+
+def jit_eval_loss(job: TrainJob, model: Any, mesh: jax.sharding.Mesh) -> Callable:
+    """``(params, router_state, batch) -> lm loss``, jitted and traced in the mesh's context like the train step, so
+    ``train.eval_dispatch="as_trained"`` under expert parallelism evaluates with the all-to-all dispatch it trained
+    with (outside the mesh an expert-parallel dispatch is the global-capacity one, with other drops);
+    ``"dropless"`` (default) is the ragged dispatch for MoE models."""
+    cfg = job.model
+    dispatch = "ragged" if (job.train.eval_dispatch == "dropless" and cfg.moe is not None) else None
+
+    def eval_on_mesh(params, router_state, batch):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return model.loss_fn(params, router_state, batch, cfg, dispatch=dispatch)[1]["lm_loss"]
+
+    return jax.jit(eval_on_mesh, out_shardings=NamedSharding(mesh, PartitionSpec()))
