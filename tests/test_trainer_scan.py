@@ -198,7 +198,7 @@ def grads_and_step(job: TrainJob, batch):
 
 # Each case compiles four programs (~15 s of CPU on 2 shared cores): four run by default, the rest of the
 # product (every model x remat none/full/save_dots and micro-batching) is marked slow.
-FAST = {("dense", "none"), ("moe-dense-lead", "full"), ("sliding-gqa", "micro")}
+FAST = {("dense", "none"), ("moe-dense-lead", "full")}
 CASES = [(name, {"remat": remat}) for name in MODELS for remat in ("none", "full", "save_dots")]
 CASES += [(name, {"microbatch_size": BATCH // 2, "remat": "full"}) for name in MODELS]
 CASES = [
