@@ -114,6 +114,19 @@ def assert_trees_close(a, b, *, rtol: float, atol: float) -> None:
 _TEMP_BYTES: dict[str, int] = {}
 
 
+def stop_then_resume(job: TrainJob, run_dir: str, *, stop_after: int = 2):
+    """``trainer.train`` stopped after ``stop_after`` steps, then run again in the same directory to the end: the
+    second run resumes from the first's checkpoint. Returns the resumed run's result."""
+    from trainer.loop import train
+
+    calls = iter(range(100))
+    stopped = train(job, run_dir, should_stop=lambda: next(calls) >= stop_after)
+    assert not stopped.completed and stopped.steps == stop_after
+    resumed = train(job, run_dir)
+    assert resumed.completed and resumed.resumed_from_step == stop_after
+    return resumed
+
+
 def temp_bytes(job: TrainJob) -> int:
     """XLA's scratch memory of the compiled train step (what remat and micro-batching shrink); cached."""
     key = job.model_dump_json()
@@ -360,11 +373,7 @@ def test_train_with_full_remat_and_microbatches_checkpoints_and_resumes_exactly(
     assert straight.completed and straight.steps == steps and np.isfinite(straight.final_train_loss)
     assert sorted(os.listdir(tmp_path / "straight" / "checkpoints"))  # checkpoints were written
 
-    calls = iter(range(100))
-    stopped = train(job, str(tmp_path / "resumed"), should_stop=lambda: next(calls) >= 2)
-    assert not stopped.completed and stopped.steps == 2
-    resumed = train(job, str(tmp_path / "resumed"))
-    assert resumed.completed and resumed.resumed_from_step == 2
+    stop_then_resume(job, str(tmp_path / "resumed"))
     assert losses(str(tmp_path / "resumed")) == losses(str(tmp_path / "straight"))
     first, last = losses(str(tmp_path / "straight"))[1], losses(str(tmp_path / "straight"))[steps]
     assert last < first

@@ -34,6 +34,7 @@ from trainer.config import (
     TrainJob,
 )
 from trainer.layers_scan import Segment, plan_segments
+from tests.test_trainer_remat_microbatch import stop_then_resume
 
 BATCH, SEQ = 4, 16
 
@@ -289,11 +290,7 @@ def test_train_with_scanned_layers_resumes_exactly_and_logs_the_unrolled_losses(
     unrolled = train(job, str(tmp_path / "unrolled"))
     straight = train(job_scan, str(tmp_path / "straight"))
     assert straight.completed and straight.steps == steps
-    calls = iter(range(100))
-    stopped = train(job_scan, str(tmp_path / "resumed"), should_stop=lambda: next(calls) >= 2)
-    assert not stopped.completed and stopped.steps == 2
-    resumed = train(job_scan, str(tmp_path / "resumed"))
-    assert resumed.completed and resumed.resumed_from_step == 2
+    stop_then_resume(job_scan, str(tmp_path / "resumed"))
     assert losses(str(tmp_path / "resumed")) == losses(str(tmp_path / "straight"))
     scan_losses, loop_losses = losses(str(tmp_path / "straight")), losses(str(tmp_path / "unrolled"))
     assert sorted(scan_losses) == sorted(loop_losses) == list(range(1, steps + 1))
