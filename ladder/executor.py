@@ -203,11 +203,15 @@ def execute_step(task: StepTask) -> dict[str, Any]:
         try:
             with wandb_environment(task.wandb_env):
                 result, completed = _run_step_body(step, context, task, store)
+        except (KeyboardInterrupt, SystemExit) as error:
+            # Ray tells a worker to exit (SystemExit) when its job ends, e.g. the submitter was killed: the step
+            # was interrupted, not broken, and the next submit resumes it from its newest checkpoint.
+            message = _record_failure(store, run_dir, error)
+            store.finish(run_dir, task.owner, "interrupted", error=f"the worker was told to exit: {message}")
+            raise
         except BaseException as error:  # noqa: BLE001 - every failure must reach status.json
             message = _record_failure(store, run_dir, error)
             store.finish(run_dir, task.owner, "failed", error=message)
-            if isinstance(error, (KeyboardInterrupt, SystemExit)):
-                raise
             return {"outcome": "failed", "error": message}
     if not completed:
         reason = "stop requested" if heartbeat.lost.is_set() else "stopped early"

@@ -31,6 +31,13 @@ def fail_until_marker(ctx, marker):
     return {"value": 7}
 
 
+def exit_until_marker(ctx, marker):
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise SystemExit(1)  # what Ray raises in a worker whose job ends (its submitter was killed)
+    return {"value": 3}
+
+
 def count_runs(ctx, counter):
     with open(counter, "a") as handle:
         handle.write(f"{ctx.name}\n")
@@ -138,3 +145,23 @@ def test_memory_root(tmp_path):
     outcome = execute_step(StepTask(step=dag["a"], fingerprint=dag.fingerprints["a"], store_url=store.url, owner="me", deps={}, dependency_fingerprints={}))
     assert outcome == {"outcome": "done", "result": {"value": 0}}
     assert plan(dag, store)[0].state == "done"
+
+
+def test_a_worker_told_to_exit_leaves_the_step_interrupted_not_failed(tmp_path):
+    """Ray raises SystemExit in a worker when its job ends (the submitter was killed): that attempt is an
+    interruption, so the next submit resumes the step instead of refusing it as failed."""
+    from ladder.executor import StepTask, execute_step
+
+    dag = DAG([FunctionStep(name="a", fn=exit_until_marker, config={"marker": str(tmp_path / "marker")})])
+    store = Store(str(tmp_path / "root"))
+    task = dict(step=dag["a"], fingerprint=dag.fingerprints["a"], store_url=store.url, deps={}, dependency_fingerprints={})
+    with pytest.raises(SystemExit):
+        execute_step(StepTask(owner="killed-submitter", **task))
+    run_dir = store.run_dir("a", dag.fingerprints["a"])
+    status = store.read_status(run_dir)
+    assert status["state"] == "interrupted" and status["lease"] is None
+    assert "SystemExit" in status["last_error"] and "SystemExit: 1" in open(f"{run_dir}/error.log").read()
+    assert plan(dag, store)[0].state == "pending"
+    report = run(dag, store, log=lambda line: None)
+    assert report.ok and store.read_json(f"{run_dir}/result.json") == {"value": 3}
+    assert store.read_status(run_dir)["attempts"] == 2
