@@ -91,25 +91,44 @@ def matched_progress_rate_by_fraction(table: pd.DataFrame, grid: np.ndarray, *, 
     runs = list(comp.index)
     if len(runs) < min_runs + 1:
         raise FitError(f"a per-fraction backtest of matched progress needs at least {min_runs + 1} runs; got {len(runs)}")
-    num = np.zeros(len(grid))
-    den = np.zeros(len(grid))
-    all_e, all_d = [], []
+    errors = []
     for k in range(min_runs, len(runs)):
         fit = fit_profiled(table[table["run"].isin(runs[:k])], min_runs=min_runs)
         target = table[table["run"] == runs[k]].sort_values("step")
         g = target["fraction"].to_numpy()
         rel = fit.predict(g, float(comp.iloc[k])) / target["loss"].to_numpy() - 1
-        d = max(float(np.log10(comp.iloc[k] / comp.iloc[k - 1])), 0.05)
-        inside = (grid >= g.min() - 1e-9) & (grid <= g.max() + 1e-9)
-        e_grid = np.interp(np.log(grid[inside]), np.log(g), rel)
-        num[inside] += e_grid**2
+        errors.append((g, rel, max(float(np.log10(comp.iloc[k] / comp.iloc[k - 1])), 0.05)))
+    return rate_by_fraction(errors, grid)
+
+
+def rate_by_fraction(errors: list[tuple[np.ndarray, np.ndarray, float]], grid: np.ndarray) -> np.ndarray:
+    """Error per unit distance at each fraction of `grid` from held-out curves (fractions, relative errors, distance).
+
+    Each curve's error is interpolated (in log fraction) at the grid fractions it logged; the rate at g is
+    sqrt(sum e_g^2 / sum d^2), then the largest of its neighbours' (two grid cells either side: one lucky cell is
+    no evidence); a fraction no held-out curve logged takes the rate of the whole curves.
+    """
+    lgrid = np.log(np.clip(np.asarray(grid, dtype=float), 1e-9, None))
+    num, den = np.zeros(len(lgrid)), np.zeros(len(lgrid))
+    all_e, all_d = [], []
+    for g, rel, d in errors:
+        ok = np.isfinite(rel) & (g > 0)
+        if not ok.any():
+            continue
+        lg, e = np.log(g[ok]), rel[ok]
+        inside = (lgrid >= lg.min() - 1e-9) & (lgrid <= lg.max() + 1e-9)
+        num[inside] += np.interp(lgrid[inside], lg, e) ** 2
         den[inside] += d**2
-        all_e.extend(rel)
-        all_d.extend([d] * len(rel))
+        all_e.extend(e)
+        all_d.extend([d] * len(e))
+    if not all_e:
+        raise FitError("no held-out curve with a finite error to measure a per-fraction rate on")
     whole = float(np.sqrt(np.sum(np.square(all_e)) / np.sum(np.square(all_d))))
     rate = np.where(den > 0, np.sqrt(num / np.maximum(den, 1e-300)), whole)
-    # a fraction takes the worst rate of its neighbours (two grid cells either side): one lucky cell is no evidence
-    return maximum_filter1d(rate, size=5, mode="nearest")
+    order = np.argsort(lgrid)
+    out = np.empty_like(rate)
+    out[order] = maximum_filter1d(rate[order], size=5, mode="nearest")
+    return out
 
 
 FINISHED = 0.99  # a run whose last logged point is at 99% of its planned steps counts as finished

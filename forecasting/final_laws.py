@@ -22,7 +22,9 @@ turned into a forecast the same way; only the formula differs.
   the tokens seen so far plus an offset for the schedule state (not yet annealed); that offset is
   measured on the rungs' own curves, relative to their final point (`ScheduleOffsets`), so the final
   loss stays the law's and the curve inherits the recipe's schedule. Its band adds the offsets' spread
-  across rungs.
+  across rungs, and its extrapolation term at progress g is never less than the law's backtest error on the
+  held-out rungs' own curves at g (`curve_rate_by_fraction`): how well it drew their early curves, not only
+  their final points.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forecasting.backtest import FINISHED
+from forecasting.backtest import FINISHED, rate_by_fraction
 from forecasting.bootstrap import percentile_interval, robust_sigma, run_weights, stratified_run_weights
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult, TargetSpec
@@ -214,7 +216,13 @@ def backtest_law(law: str, final: pd.DataFrame, *, max_splits: int = 5) -> Backt
 
 
 def _backtest_law(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None = None) -> BacktestResult:
-    held, rel, dist, sizes = [], [], [], []
+    pts = _backtest_points(law, final, max_splits, table)
+    return summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"])
+
+
+def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None) -> dict:
+    """Every scored point of the expanding splits: relative error, distance and (curves) the run's fraction."""
+    held, rel, dist, frac, sizes = [], [], [], [], []
     last = None
     for k in _splits(len(final), N_PARAMS[law], max_splits):
         fit_part, pred_part = final.iloc[:k], final.iloc[k:]
@@ -237,20 +245,39 @@ def _backtest_law(law: str, final: pd.DataFrame, max_splits: int, table: pd.Data
                 p, _ = curve_prediction(model, target, curve["step"].to_numpy(), offsets)
                 rel.extend(p / curve["loss"].to_numpy(float) - 1)
                 dist.extend([d] * len(curve))
+                frac.append((str(row["run"]), curve["step"].to_numpy(float) / target.steps(), p / curve["loss"].to_numpy(float) - 1, d))
             pred = model.predict(pts)
         held.extend(str(r) for r in pred_part["run"])
         if "params_active" in pred_part.columns:
             sizes.extend(pred_part["params_active"].astype(float))
         last = (str(pred_part["run"].iloc[-1]), float(pred[-1]), float(pred_part["loss"].iloc[-1]))
-    return summarise(law, held, rel, dist, last, sizes)
+    return {"held": held, "rel": rel, "dist": dist, "curves": frac, "sizes": sizes, "last": last}
+
+
+def _curve_backtest_points(law: str, table: pd.DataFrame, max_splits: int) -> dict:
+    final = final_points(table)
+    return _cached(("backtest_curve_points", law, _key(table), max_splits), lambda: _backtest_points(law, final, max_splits, table))
 
 
 def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5) -> BacktestResult:
     """The same splits, scored on every eval of each held-out run's curve (final laws draw curves from the rungs'
     schedule offsets); cached."""
-    final = final_points(table)
+    pts = _curve_backtest_points(law, table, max_splits)
     return _cached(("backtest_curves", law, _key(table), max_splits),
-                   lambda: _backtest_law(law, final, max_splits, table=table))
+                   lambda: summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"]))
+
+
+def curve_rate_by_fraction(law: str, table: pd.DataFrame, grid: np.ndarray, *, max_splits: int = 5) -> np.ndarray:
+    """Error per unit distance of the law's curves at each fraction in `grid`, from the curve backtest.
+
+    Why per fraction: a law can predict the held-out rungs' final losses well and their early curves badly (the
+    schedule offsets change along the ladder); one rate for the whole curve would make the early band too narrow.
+    How: `forecasting.backtest.rate_by_fraction`, as for matched progress.
+    """
+    pts = _curve_backtest_points(law, table, max_splits)
+    if not pts["curves"]:
+        raise FitError(f"curve backtest of {law}: no held-out run with a curve")
+    return rate_by_fraction([(g, rel, max(float(d), MIN_BACKTEST_DISTANCE)) for _, g, rel, d in pts["curves"]], grid)
 
 
 def run_target(curve: pd.DataFrame, last: pd.Series) -> TargetSpec:
@@ -491,6 +518,16 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     pred, shape = curve_prediction(model, target, steps, offsets)
     rel = {k: np.full(len(steps), v) for k, v in sig.items()}
     rel["schedule_shape"] = shape
+    if offsets is not None and "extrapolation" in rel:
+        # along the curve, never narrower than the law's error on the held-out rungs' own curves at that fraction;
+        # the final point keeps the final-loss backtest's term (measured on exactly those points)
+        try:
+            res_curves = backtest_law_curves(law, table)
+            by_fraction = curve_rate_by_fraction(law, table, steps / T) * max(d_target, res_curves.distance)
+            along = np.maximum(rel["extrapolation"], by_fraction * small_sample_factor(independent_errors(res_curves)))
+            rel["extrapolation"] = np.where(steps < T, along, rel["extrapolation"])
+        except FitError as e:
+            warn.append(f"no curve backtest of {law} on this ladder ({e}): the curve band uses the final-loss backtest alone")
     total = np.sqrt(sum(np.square(v) for v in rel.values()))
     lo, hi = pred * np.exp(-Z95 * total), pred * np.exp(Z95 * total)  # in log space: a wide band stays positive
     if tokens_per_param_spread(final) < 0.05 and {"params_active", "tokens"} <= set(final.columns):

@@ -169,3 +169,37 @@ def test_a_larger_model_on_fewer_tokens_is_an_extrapolation_too():
     at_same_compute = {"flops": np.array([1e19]), "params_active": np.array([3e9]), "tokens": np.array([5.5e8])}
     d = fl.distance(at_same_compute, fit)[0]
     assert d >= 1.0  # one decade beyond in N (plus the D/N decades outside the fitted range)
+
+
+def _curves_with_growing_offsets(sizes, tokens_per_param, evals=20, steps=400):
+    """Rungs whose early curves sit further above the law the larger they are, faster at the top of the ladder (as
+    on the local ladder): the nearest rungs' schedule offsets then under-predict a larger target's early curve by
+    more than the offsets' spread across rungs."""
+    rows = []
+    for i, n in enumerate(sizes):
+        d_full = n * tokens_per_param
+        amplitude = 0.04 + 0.1 * math.log10(n / sizes[0]) ** 2
+        for s in np.unique(np.linspace(steps / evals, steps, evals).round().astype(int)):
+            g = s / steps
+            loss = _law(n, g * d_full) * math.exp(amplitude * (1 - g) ** 2)
+            rows.append({"run": f"r{i}", "step": int(s), "loss": loss, "params_active": float(n), "tokens": g * d_full,
+                         "flops": 6 * n * g * d_full, "fraction": g, "num_steps": steps, "tokens_per_step": d_full / steps})
+    return pd.DataFrame(rows)
+
+
+def test_a_final_law_curve_band_is_as_wide_early_as_its_backtest_missed_the_rungs_early_curves():
+    sizes = [2e4, 4e4, 8e4, 1.6e5, 3.2e5]
+    table = _curves_with_growing_offsets(sizes, 8.0)
+    n_h = 1.28e6
+    truth = _curves_with_growing_offsets([sizes[0], n_h], 8.0)
+    truth = truth[truth["run"] == "r1"].sort_values("step")
+    target = TargetSpec(name="hero", params_active=n_h, tokens=8 * n_h, num_steps=400, tokens_per_step=8 * n_h / 400)
+    f = forecast_target(table, target, method="compute", n_bootstrap=30)
+    bands = np.array([f.band_at(s) for s in truth["step"]])
+    actual = truth["loss"].to_numpy()
+    early = truth["fraction"].to_numpy() <= 0.2
+    assert np.all(bands[early, 0] < actual[early]), "the case must be one where the rungs' offsets under-predict early"
+    inside = (bands[:, 1] <= actual) & (actual <= bands[:, 2])
+    assert inside[early].all(), list(zip(actual[early], bands[early]))
+    half = (bands[:, 2] - bands[:, 1]) / 2 / bands[:, 0]
+    assert half[early].min() > 2 * half[-1], "the early band must come from the early backtest, the end's from the final one"
