@@ -228,6 +228,8 @@ ERROR_LOG = "error.log"
 def _record_failure(store: Store, run_dir: str, error: BaseException) -> str:
     """Append the traceback to run_dir/error.log; return the one-line reason status.json keeps."""
     reason = " ".join(f"{type(error).__name__}: {error}".split())
+    if getattr(error, "ray_terminate_msg", None):  # Ray's SystemExit says why in an attribute ("receives a SIGTERM")
+        reason += f" ({error.ray_terminate_msg})"
     if len(reason) > 1000:
         reason = reason[:997] + "..."
     log_path = f"{run_dir}/{ERROR_LOG}"
@@ -415,6 +417,9 @@ def code_version() -> str:
 # ---------------------------------------------------------------------------------------- run
 
 
+MAX_RESUMES_PER_SUBMIT = 3  # a step whose worker keeps being told to exit is not relaunched for ever
+
+
 @dataclass
 class RunReport:
     states: dict[str, str] = field(default_factory=dict)
@@ -422,6 +427,7 @@ class RunReport:
     launched: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     interrupted: bool = False
+    resumes: dict[str, int] = field(default_factory=dict)  # interrupted attempts relaunched by this submit, per step
 
     @property
     def ok(self) -> bool:
@@ -637,8 +643,14 @@ def _collect(ref, name, owner, dag, store, state, report, waiting, log) -> None:
         outcome = ray.get(ref)
     except ray.exceptions.RayError as error:
         message = f"worker died: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        store.finish(run_dir, owner, "failed", error=message)
-        outcome = {"outcome": "failed", "error": message}
+        status = store.read_status(run_dir) or {}
+        last = (status.get("history") or [{}])[-1]
+        if status.get("state") == "interrupted" and last.get("owner") == owner:
+            # the worker was told to exit (SIGTERM: a preempted node, `ray stop`) and recorded that itself
+            outcome = {"outcome": "interrupted", "error": status.get("last_error", message)}
+        else:
+            store.finish(run_dir, owner, "failed", error=message)
+            outcome = {"outcome": "failed", "error": message}
     kind = outcome["outcome"]
     if kind == "done":
         state[name] = "done"
@@ -648,9 +660,15 @@ def _collect(ref, name, owner, dag, store, state, report, waiting, log) -> None:
         waiting[name] = time.time()
         log(f"[wait] {name}: held by {outcome.get('holder')}; waiting for it to finish or go stale")
     elif kind == "interrupted":
-        state[name] = "pending"
         report.errors[name] = "interrupted"
-        log(f"[stop] {name}: interrupted; it resumes on the next submit")
+        report.resumes[name] = report.resumes.get(name, 0) + 1
+        if report.resumes[name] <= MAX_RESUMES_PER_SUBMIT:
+            state[name] = "pending"  # relaunched by this submit: it resumes from its newest checkpoint
+            log(f"[stop] {name}: interrupted ({outcome.get('error') or 'stopped'}); resuming it")
+        else:
+            state[name] = "interrupted"
+            log(f"[stop] {name}: interrupted {report.resumes[name]} times in this submit; not relaunched, "
+                "it resumes on the next submit")
     else:
         state[name] = "failed"
         report.errors[name] = outcome.get("error", "failed")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -36,6 +37,19 @@ def exit_until_marker(ctx, marker):
         open(marker, "w").close()
         raise SystemExit(1)  # what Ray raises in a worker whose job ends (its submitter was killed)
     return {"value": 3}
+
+
+def sigterm_self_until_marker(ctx, marker):
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGTERM)  # what a preempted node or `ray stop` sends the worker
+        time.sleep(60)
+    return {"value": 5}
+
+
+def sigterm_self(ctx):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
 
 
 def count_runs(ctx, counter):
@@ -165,3 +179,32 @@ def test_a_worker_told_to_exit_leaves_the_step_interrupted_not_failed(tmp_path):
     report = run(dag, store, log=lambda line: None)
     assert report.ok and store.read_json(f"{run_dir}/result.json") == {"value": 3}
     assert store.read_status(run_dir)["attempts"] == 2
+
+
+def test_a_worker_sigtermed_while_the_submitter_lives_is_resumed_in_the_same_submit(tmp_path):
+    """A Ray worker that gets SIGTERM mid-step (preemption, `ray stop`) records the attempt as interrupted, not
+    failed, and the submitter relaunches it (it resumes from its newest checkpoint)."""
+    dag = DAG([FunctionStep(name="a", fn=sigterm_self_until_marker, config={"marker": str(tmp_path / "marker")})])
+    store = Store(str(tmp_path / "root"))
+    lines = []
+    report = run(dag, store, log=lines.append)
+    run_dir = store.run_dir("a", dag.fingerprints["a"])
+    status = store.read_status(run_dir)
+    assert report.ok and report.resumes == {"a": 1} and store.read_json(f"{run_dir}/result.json") == {"value": 5}
+    events = [h["event"] for h in status["history"] if h["event"] in ("interrupted", "failed", "done")]
+    assert events == ["interrupted", "done"] and status["attempts"] == 2
+    assert any("SIGTERM" in h.get("error", "") for h in status["history"]), status["history"]
+    assert any(line.startswith("[stop] a: interrupted") for line in lines), lines
+
+
+def test_a_step_interrupted_again_and_again_is_not_relaunched_for_ever(tmp_path):
+    from ladder.executor import MAX_RESUMES_PER_SUBMIT
+
+    dag = DAG([FunctionStep(name="a", fn=sigterm_self), FunctionStep(name="after", fn=add_inputs, deps=("a",))])
+    store = Store(str(tmp_path / "root"))
+    report = run(dag, store, log=lambda line: None)
+    assert not report.ok and report.states == {"a": "interrupted", "after": "pending"}
+    assert report.resumes == {"a": MAX_RESUMES_PER_SUBMIT + 1}
+    status = store.read_status(store.run_dir("a", dag.fingerprints["a"]))
+    assert status["state"] == "interrupted" and status["attempts"] == MAX_RESUMES_PER_SUBMIT + 1
+    assert plan(dag, store)[0].state == "pending", "the next submit resumes it"
