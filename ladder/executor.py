@@ -654,6 +654,7 @@ def _collect(ref, name, owner, dag, store, state, report, waiting, log) -> None:
     kind = outcome["outcome"]
     if kind == "done":
         state[name] = "done"
+        report.errors.pop(name, None)  # an earlier attempt of this submit was interrupted
         log(f"[done] {name}")
     elif kind == "held":
         state[name] = "running"

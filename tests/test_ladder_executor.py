@@ -190,7 +190,7 @@ def test_a_worker_sigtermed_while_the_submitter_lives_is_resumed_in_the_same_sub
     report = run(dag, store, log=lines.append)
     run_dir = store.run_dir("a", dag.fingerprints["a"])
     status = store.read_status(run_dir)
-    assert report.ok and report.resumes == {"a": 1} and store.read_json(f"{run_dir}/result.json") == {"value": 5}
+    assert report.ok and report.resumes == {"a": 1} and report.errors == {} and store.read_json(f"{run_dir}/result.json") == {"value": 5}
     events = [h["event"] for h in status["history"] if h["event"] in ("interrupted", "failed", "done")]
     assert events == ["interrupted", "done"] and status["attempts"] == 2
     assert any("SIGTERM" in h.get("error", "") for h in status["history"]), status["history"]
