@@ -221,8 +221,9 @@ def _backtest_law(law: str, final: pd.DataFrame, max_splits: int, table: pd.Data
 
 
 def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None) -> dict:
-    """Every scored point of the expanding splits: relative error, distance and (curves) the run's fraction."""
-    held, rel, dist, frac, sizes = [], [], [], [], []
+    """Every scored point of the expanding splits (relative error, distance) and, scoring curves, each held-out
+    run's (fractions, errors, distance)."""
+    held, rel, dist, curves, sizes = [], [], [], [], []
     last = None
     for k in _splits(len(final), N_PARAMS[law], max_splits):
         fit_part, pred_part = final.iloc[:k], final.iloc[k:]
@@ -243,15 +244,16 @@ def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.D
                 target = run_target(curve, row)
                 offsets = schedule_offsets(fit_rows, model, target_flops=float(row["run_flops"]))
                 p, _ = curve_prediction(model, target, curve["step"].to_numpy(), offsets)
-                rel.extend(p / curve["loss"].to_numpy(float) - 1)
+                errors = p / curve["loss"].to_numpy(float) - 1
+                rel.extend(errors)
                 dist.extend([d] * len(curve))
-                frac.append((str(row["run"]), curve["step"].to_numpy(float) / target.steps(), p / curve["loss"].to_numpy(float) - 1, d))
+                curves.append((curve["step"].to_numpy(float) / target.steps(), errors, float(d)))
             pred = model.predict(pts)
         held.extend(str(r) for r in pred_part["run"])
         if "params_active" in pred_part.columns:
             sizes.extend(pred_part["params_active"].astype(float))
         last = (str(pred_part["run"].iloc[-1]), float(pred[-1]), float(pred_part["loss"].iloc[-1]))
-    return {"held": held, "rel": rel, "dist": dist, "curves": frac, "sizes": sizes, "last": last}
+    return {"held": held, "rel": rel, "dist": dist, "curves": curves, "sizes": sizes, "last": last}
 
 
 def _curve_backtest_points(law: str, table: pd.DataFrame, max_splits: int) -> dict:
@@ -263,8 +265,7 @@ def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5) -
     """The same splits, scored on every eval of each held-out run's curve (final laws draw curves from the rungs'
     schedule offsets); cached."""
     pts = _curve_backtest_points(law, table, max_splits)
-    return _cached(("backtest_curves", law, _key(table), max_splits),
-                   lambda: summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"]))
+    return summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"])
 
 
 def curve_rate_by_fraction(law: str, table: pd.DataFrame, grid: np.ndarray, *, max_splits: int = 5) -> np.ndarray:
@@ -277,7 +278,7 @@ def curve_rate_by_fraction(law: str, table: pd.DataFrame, grid: np.ndarray, *, m
     pts = _curve_backtest_points(law, table, max_splits)
     if not pts["curves"]:
         raise FitError(f"curve backtest of {law}: no held-out run with a curve")
-    return rate_by_fraction([(g, rel, max(float(d), MIN_BACKTEST_DISTANCE)) for _, g, rel, d in pts["curves"]], grid)
+    return rate_by_fraction([(g, rel, max(d, MIN_BACKTEST_DISTANCE)) for g, rel, d in pts["curves"]], grid)
 
 
 def run_target(curve: pd.DataFrame, last: pd.Series) -> TargetSpec:
