@@ -59,9 +59,13 @@ LIVE_ONLY = "live_only"  # refit splits only: refit_forecast with a flat prior (
 REFIT_PREFIXES = (0.1, 0.2, 0.4)
 
 DATASETS = (
-    "chinchilla", "steplaw_dense", "steplaw_moe", "multipower", "marin", "porian",
-    "hh_datablations", "hh_opt", "hh_olmo", "hh_k2",
+    "chinchilla", "chinchilla_overtrained", "steplaw_dense", "steplaw_dense_overtrained", "steplaw_moe", "multipower",
+    "marin", "porian", "hh_datablations", "hh_opt", "hh_olmo", "hh_k2",
 )
+# Over-training splits (Gadre et al. 2024's setup): fit the runs at up to OVERTRAIN_FIT_MAX tokens per parameter,
+# predict every run at OVERTRAIN_PREDICT_MIN or more: an extrapolation in D/N alone, the one an over-trained hero needs.
+OVERTRAIN_FIT_MAX = 60.0
+OVERTRAIN_PREDICT_MIN = 90.0
 
 
 # ---------------------------------------------------------------- splits
@@ -424,6 +428,26 @@ def splits_steplaw_dense(cap: int = MAX_TARGETS) -> list[Split]:
     return [_leave_out("steplaw_dense", "largest N", t, t.loc[t["params_active"] == t["params_active"].max(), "run"], cap=cap)]
 
 
+def splits_overtrained(dataset: str, table: pd.DataFrame, cap: int = MAX_TARGETS) -> list[Split]:
+    """Fit the runs at <= OVERTRAIN_FIT_MAX tokens per parameter, predict those at >= OVERTRAIN_PREDICT_MIN (the runs
+    in between are in neither: a target must lie beyond the fitted range, not next to it)."""
+    m = table.groupby("run")["tokens"].transform("max") / table["params_active"]
+    fit = table[m <= OVERTRAIN_FIT_MAX]
+    held = table.loc[m >= OVERTRAIN_PREDICT_MIN, "run"].unique()
+    both = pd.concat([fit, table[table["run"].isin(held)]], ignore_index=True)
+    name = f"fit <= {OVERTRAIN_FIT_MAX:g} tokens/param, predict >= {OVERTRAIN_PREDICT_MIN:g}"
+    return [_leave_out(dataset, name, both, held, cap=cap)]
+
+
+def splits_chinchilla_overtrained(cap: int = MAX_TARGETS) -> list[Split]:
+    return splits_overtrained("chinchilla_overtrained", load_chinchilla(), cap=cap)
+
+
+def splits_steplaw_dense_overtrained(cap: int = MAX_TARGETS) -> list[Split]:
+    """Best run per (N, D): the five sizes at 19 and 53 tokens/param fit; the runs at 93-466 are predicted."""
+    return splits_overtrained("steplaw_dense_overtrained", steplaw_best(load_steplaw_dense(), ["params_active", "tokens"]), cap=cap)
+
+
 def splits_steplaw_moe(cap: int = MAX_TARGETS) -> list[Split]:
     """Best run per (N, Na, D, top-k, experts) (16); fit the smaller active sizes, predict the largest Na's runs."""
     t = steplaw_best(load_steplaw_moe(), ["params_total", "params_active", "tokens", "topk", "experts"])
@@ -522,7 +546,9 @@ def all_splits(datasets: Sequence[str] = DATASETS, *, quick: bool = False) -> li
     cap = 1 if quick else MAX_TARGETS
     build: dict[str, Callable[[], list[Split]]] = {
         "chinchilla": lambda: splits_chinchilla(cap=cap),
+        "chinchilla_overtrained": lambda: splits_chinchilla_overtrained(cap=cap),
         "steplaw_dense": lambda: splits_steplaw_dense(cap=cap),
+        "steplaw_dense_overtrained": lambda: splits_steplaw_dense_overtrained(cap=cap),
         "steplaw_moe": lambda: splits_steplaw_moe(cap=cap),
         "multipower": lambda: splits_multipower(cap=cap, sizes=(), cross_size=True) if quick else splits_multipower(),
         "marin": lambda: splits_marin(hero=not quick),

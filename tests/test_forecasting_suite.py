@@ -86,6 +86,9 @@ def test_splits_never_leak_held_out_runs_into_the_train_table(splits):
             assert s.train["params_active"].max() < min(h.target.params_active for h in s.targets), s.name
         if s.dataset == "porian":
             assert s.train["flops"].max() < min(h.target.total_flops for h in s.targets)
+        if s.dataset.endswith("_overtrained"):  # an extrapolation in D/N only
+            assert (s.train["tokens"] / s.train["params_active"]).max() <= suite.OVERTRAIN_FIT_MAX
+            assert min(h.target.tokens / h.target.params_active for h in s.targets) >= suite.OVERTRAIN_PREDICT_MIN
 
 
 def test_multipower_targets_carry_their_own_schedule(splits):
