@@ -494,7 +494,8 @@ def forecast_target(
         dup_warn += sel_warn
         # the winner of the backtest may still fail on the whole table (no convergence): the next best then
         order = [method] + [c["method"] for c in sorted((c for c in selection if c.get("expected_error") is not None
-                                                          and c["method"] != method), key=lambda c: c["expected_error"])]
+                                                          and not c.get("excluded") and c["method"] != method),
+                                                         key=lambda c: c["expected_error"])]
         for i, candidate in enumerate(order):
             try:
                 f = _forecast_with(table, target, candidate, n_bootstrap, seed)

@@ -11,6 +11,9 @@ turned into a forecast the same way; only the formula differs.
   D/N is charged for it. Its `rate` is the RMS error per unit of that distance (never less than
   `MIN_BACKTEST_DISTANCE` per prediction); a forecast's extrapolation term is rate x its own distance,
   widened by a t quantile for how few independent errors (held-out model sizes) the backtest measured.
+  When the target's D/N lies outside the runs' range (an over-trained hero), the backtest also splits along D/N
+  (`_dn_splits`: fit the runs up to a D/N cut, predict those beyond it), so a law is judged on the extrapolation
+  the target needs, not only on one in compute at the ladder's own ratios.
 - Uncertainty of the fit: bootstrap over runs when there are at least two runs more than parameters
   (within each model size when every size has several runs, so no redraw loses a size); otherwise a parametric bootstrap (refits on the losses perturbed by the fit's residual scatter, never
   less than `NOISE_FLOOR`, the seed-to-seed spread of a final eval), because resampling three runs
@@ -51,6 +54,8 @@ MIN_DISTANCE = 0.05
 # a run predicted at "no distance" that the law still misses (the 44-epoch runs of the data-constrained ladder)
 # measured a misspecification, not an error that grows 13-fold by the target's 0.65 decades.
 MIN_BACKTEST_DISTANCE = 0.25
+DN_SLACK = 1.25  # a target within x/÷ 1.25 of the runs' D/N range does not extrapolate in D/N
+DN_BIN = 0.1  # decades of D/N that count as one level when the backtest splits along D/N
 Z95 = 1.959963984540054
 
 
@@ -210,72 +215,122 @@ def _splits(n_runs: int, min_fit: int, max_splits: int = 5) -> list[int]:
     return [int(k) for k in ks]
 
 
-def backtest_law(law: str, final: pd.DataFrame, *, max_splits: int = 5) -> BacktestResult:
-    """Expanding-split backtest of a final law on these finished runs (see the module docstring); cached."""
-    return _cached(("backtest", law, _key(final), max_splits), lambda: _backtest_law(law, final, max_splits))
+def tokens_per_param_direction(final: pd.DataFrame, target: TargetSpec) -> str | None:
+    """"up" / "down" when the target's D/N lies above / below the finished runs' range (x/÷ 1.25), else None: the
+    direction the backtest must also extrapolate in (`_dn_splits`)."""
+    if not {"params_active", "tokens"} <= set(final.columns) or not target.params_active:
+        return None
+    m = (final["tokens"] / final["params_active"]).to_numpy(float)
+    m_t = target.tokens / target.params_active
+    if m_t > m.max() * DN_SLACK:
+        return "up"
+    if m_t < m.min() / DN_SLACK:
+        return "down"
+    return None
 
 
-def _backtest_law(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None = None) -> BacktestResult:
-    pts = _backtest_points(law, final, max_splits, table)
-    return summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"])
+def backtest_law(law: str, final: pd.DataFrame, *, max_splits: int = 5, dn: str | None = None) -> BacktestResult:
+    """Expanding-split backtest of a final law on these finished runs (see the module docstring); with `dn`, also
+    the splits along tokens per parameter in that direction (`_dn_splits`); cached."""
+    return _cached(("backtest", law, _key(final), max_splits, dn), lambda: _backtest_law(law, final, max_splits, dn=dn))
 
 
-def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None) -> dict:
+def _backtest_law(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None = None,
+                  dn: str | None = None) -> BacktestResult:
+    pts = _backtest_points(law, final, max_splits, table, dn)
+    return summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"], dn_points=pts["dn_points"])
+
+
+def _dn_splits(final: pd.DataFrame, dn: str, min_fit: int, max_splits: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(fit mask, predict mask) pairs that extrapolate in D/N: the runs are grouped by D/N (DN_BIN decades), and
+    each split fits every group up to a cut and predicts every group beyond it (in `dn`'s direction), so what is
+    predicted lies outside the fitted D/N range, as the target does. Cuts whose fit part holds fewer than half the
+    runs, fewer than `min_fit`, or one D/N level only (a law's D/N dependence is then not identified: the split
+    would measure that, not how the law extrapolates) are skipped."""
+    if not {"params_active", "tokens"} <= set(final.columns):
+        return []
+    group = np.round(np.log10(final["tokens"].to_numpy(float) / final["params_active"].to_numpy(float)) / DN_BIN)
+    levels = np.unique(group) if dn == "up" else np.unique(group)[::-1]
+    cuts = []
+    for j, level in enumerate(levels[:-1]):
+        fit = group <= level if dn == "up" else group >= level
+        if j >= 1 and fit.sum() >= max(min_fit, (len(final) + 1) // 2):
+            cuts.append((fit, ~fit))
+    if not cuts:
+        return []
+    keep = np.unique(np.linspace(0, len(cuts) - 1, min(max_splits, len(cuts))).round().astype(int))
+    return [cuts[i] for i in keep]
+
+
+def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None,
+                     dn: str | None = None) -> dict:
     """Every scored point of the expanding splits (relative error, distance) and, scoring curves, each held-out
-    run's (fractions, errors, distance)."""
-    held, rel, dist, curves, sizes = [], [], [], [], []
-    last = None
-    for k in _splits(len(final), N_PARAMS[law], max_splits):
-        fit_part, pred_part = final.iloc[:k], final.iloc[k:]
+    run's (fractions, errors, distance); `dn_points` counts those scored by the D/N splits."""
+    out: dict = {"held": [], "rel": [], "dist": [], "curves": [], "sizes": [], "last": None, "dn_points": 0}
+    splits = [(final.iloc[:k], final.iloc[k:]) for k in _splits(len(final), N_PARAMS[law], max_splits)]
+    n_compute = len(splits)
+    if dn is not None:
+        splits += [(final[f], final[p]) for f, p in _dn_splits(final, dn, N_PARAMS[law] + 1, max_splits)]
+    for i, (fit_part, pred_part) in enumerate(splits):
         try:
             model = fit_final(law, fit_part)
         except FitError:
             continue
-        pts = points_of(pred_part)
-        fit_pts = points_of(fit_part)
-        if table is None:
-            pred = model.predict(pts)
-            rel.extend(pred / pred_part["loss"].to_numpy(float) - 1)
-            dist.extend(distance(pts, fit_pts))
-        else:  # every eval of each held-out run, its curve drawn from the fitted runs' schedule offsets
-            fit_rows = table[table["run"].isin(fit_part["run"])]
-            for (_, row), d in zip(pred_part.iterrows(), distance(pts, fit_pts), strict=True):
-                curve = table[table["run"] == row["run"]].sort_values("step")
-                target = run_target(curve, row)
-                offsets = schedule_offsets(fit_rows, model, target_flops=float(row["run_flops"]))
-                p, _ = curve_prediction(model, target, curve["step"].to_numpy(), offsets)
-                errors = p / curve["loss"].to_numpy(float) - 1
-                rel.extend(errors)
-                dist.extend([d] * len(curve))
-                curves.append((curve["step"].to_numpy(float) / target.steps(), errors, float(d)))
-            pred = model.predict(pts)
-        held.extend(str(r) for r in pred_part["run"])
-        if "params_active" in pred_part.columns:
-            sizes.extend(pred_part["params_active"].astype(float))
-        last = (str(pred_part["run"].iloc[-1]), float(pred[-1]), float(pred_part["loss"].iloc[-1]))
-    return {"held": held, "rel": rel, "dist": dist, "curves": curves, "sizes": sizes, "last": last}
+        before = len(out["rel"])
+        _score_split(model, fit_part, pred_part, table, out, along_compute=i < n_compute)
+        if i >= n_compute:
+            out["dn_points"] += len(out["rel"]) - before
+    return out
 
 
-def _curve_backtest_points(law: str, table: pd.DataFrame, max_splits: int) -> dict:
+def _score_split(model: FinalModel, fit_part: pd.DataFrame, pred_part: pd.DataFrame, table: pd.DataFrame | None,
+                 out: dict, *, along_compute: bool) -> None:
+    pts = points_of(pred_part)
+    fit_pts = points_of(fit_part)
+    if table is None:
+        pred = model.predict(pts)
+        out["rel"].extend(pred / pred_part["loss"].to_numpy(float) - 1)
+        out["dist"].extend(distance(pts, fit_pts))
+    else:  # every eval of each held-out run, its curve drawn from the fitted runs' schedule offsets
+        fit_rows = table[table["run"].isin(fit_part["run"])]
+        for (_, row), d in zip(pred_part.iterrows(), distance(pts, fit_pts), strict=True):
+            curve = table[table["run"] == row["run"]].sort_values("step")
+            target = run_target(curve, row)
+            offsets = schedule_offsets(fit_rows, model, target_flops=float(row["run_flops"]))
+            p, _ = curve_prediction(model, target, curve["step"].to_numpy(), offsets)
+            errors = p / curve["loss"].to_numpy(float) - 1
+            out["rel"].extend(errors)
+            out["dist"].extend([d] * len(curve))
+            out["curves"].append((curve["step"].to_numpy(float) / target.steps(), errors, float(d)))
+        pred = model.predict(pts)
+    out["held"].extend(str(r) for r in pred_part["run"])
+    if "params_active" in pred_part.columns:
+        out["sizes"].extend(pred_part["params_active"].astype(float))
+    if along_compute:  # the largest held-out run is reported from the compute splits
+        out["last"] = (str(pred_part["run"].iloc[-1]), float(pred[-1]), float(pred_part["loss"].iloc[-1]))
+
+
+def _curve_backtest_points(law: str, table: pd.DataFrame, max_splits: int, dn: str | None = None) -> dict:
     final = final_points(table)
-    return _cached(("backtest_curve_points", law, _key(table), max_splits), lambda: _backtest_points(law, final, max_splits, table))
+    return _cached(("backtest_curve_points", law, _key(table), max_splits, dn),
+                   lambda: _backtest_points(law, final, max_splits, table, dn))
 
 
-def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5) -> BacktestResult:
+def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5, dn: str | None = None) -> BacktestResult:
     """The same splits, scored on every eval of each held-out run's curve (final laws draw curves from the rungs'
     schedule offsets); cached."""
-    pts = _curve_backtest_points(law, table, max_splits)
-    return summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"])
+    pts = _curve_backtest_points(law, table, max_splits, dn)
+    return summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"], dn_points=pts["dn_points"])
 
 
-def curve_rate_by_fraction(law: str, table: pd.DataFrame, grid: np.ndarray, *, max_splits: int = 5) -> np.ndarray:
+def curve_rate_by_fraction(law: str, table: pd.DataFrame, grid: np.ndarray, *, max_splits: int = 5, dn: str | None = None) -> np.ndarray:
     """Error per unit distance of the law's curves at each fraction in `grid`, from the curve backtest.
 
     Why per fraction: a law can predict the held-out rungs' final losses well and their early curves badly (the
     schedule offsets change along the ladder); one rate for the whole curve would make the early band too narrow.
     How: `forecasting.backtest.rate_by_fraction`, as for matched progress.
     """
-    pts = _curve_backtest_points(law, table, max_splits)
+    pts = _curve_backtest_points(law, table, max_splits, dn)
     if not pts["curves"]:
         raise FitError(f"curve backtest of {law}: no held-out run with a curve")
     return rate_by_fraction([(g, rel, max(d, MIN_BACKTEST_DISTANCE)) for g, rel, d in pts["curves"]], grid)
@@ -305,7 +360,7 @@ def independent_errors(res: BacktestResult) -> int:
 
 
 def summarise(method: str, held: list[str], rel: list[float], dist: list[float], last: tuple | None,
-              held_sizes: list[float] | None = None) -> BacktestResult:
+              held_sizes: list[float] | None = None, *, dn_points: int = 0) -> BacktestResult:
     r, d = np.asarray(rel, dtype=float), np.asarray(dist, dtype=float)
     ok = np.isfinite(r) & np.isfinite(d)
     if not ok.any():
@@ -319,6 +374,7 @@ def summarise(method: str, held: list[str], rel: list[float], dist: list[float],
         final_run=None if last is None else last[0], final_predicted=None if last is None else last[1],
         final_actual=None if last is None else last[2],
         held_out_sizes=None if not held_sizes else len({round(math.log(x), 6) for x in held_sizes}),
+        tokens_per_param_points=dn_points,
     )
 
 
@@ -497,9 +553,10 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         warn.append(f"{final['run'].nunique()} finished runs for {N_PARAMS[law]} parameters: the fit's spread comes from a "
                     f"parametric bootstrap (residual scatter, at least {NOISE_FLOOR:.1%} per eval)")
     d_target = float(distance(tp, points_of(final))[0])
+    dn = tokens_per_param_direction(final, target)
     backtests = []
     try:
-        res = backtest_law(law, final)
+        res = backtest_law(law, final, dn=dn)
         backtests.append(res)
         # never narrower than the error the backtest measured at its own distances, widened for how few
         # independent runs it held out (a t quantile in place of 1.96)
@@ -523,8 +580,8 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         # along the curve, never narrower than the law's error on the held-out rungs' own curves at that fraction;
         # the final point keeps the final-loss backtest's term (measured on exactly those points)
         try:
-            res_curves = backtest_law_curves(law, table)
-            by_fraction = curve_rate_by_fraction(law, table, steps / T) * max(d_target, res_curves.distance)
+            res_curves = backtest_law_curves(law, table, dn=dn)
+            by_fraction = curve_rate_by_fraction(law, table, steps / T, dn=dn) * max(d_target, res_curves.distance)
             along = np.maximum(rel["extrapolation"], by_fraction * small_sample_factor(independent_errors(res_curves)))
             rel["extrapolation"] = np.where(steps < T, along, rel["extrapolation"])
         except FitError as e:

@@ -87,6 +87,9 @@ class BacktestResult(BaseModel):
         "linearly with distance), used to widen bands."
     )
     n_points: int = Field(description="Points scored.")
+    tokens_per_param_points: int = Field(
+        0, description="Of n_points, how many came from splits along tokens per parameter (fit the runs on one side "
+        "of a D/N cut, predict the other): the evidence for a target whose D/N lies outside the runs' range.")
     final_run: str | None = Field(None, description="The largest held-out run (its last point is reported below).")
     final_predicted: float | None = Field(None, description="Predicted loss at final_run's last point.")
     final_actual: float | None = Field(None, description="Observed loss at final_run's last point.")

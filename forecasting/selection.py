@@ -7,7 +7,9 @@ splits (fit the smaller runs by compute, predict every larger one; `forecasting.
 its error per unit of extrapolation distance (decades of compute or model size beyond the fitted runs,
 plus decades of tokens per parameter outside them), and the candidate with the smallest expected error at the
 target's own distance wins. A simpler law within 10% of the best is preferred (fewer parameters,
-less luck).
+less luck). When the target's tokens per parameter lie outside the runs' range, the backtest also
+extrapolates along D/N (`final_laws._dn_splits`), and a law the ladder cannot test that way (too few
+runs below the cut for its parameters) is not compared with those it can.
 
 Rules that are not backtests:
 - `multipower` when the table holds curves of the target's own size with logged LR and the target's
@@ -106,17 +108,31 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
     else:
         key = ("mp_backtest", fl._key(table), curves)
         cands.append(_evidence("matched_progress", lambda: fl._cached(key, lambda: backtest_matched_progress(table, curves=curves)), tp, ref))
+    dn = None if final is None or len(final) == 0 else fl.tokens_per_param_direction(final, target)
     for law in fl.FINAL_LAWS:
         reason = "no finished run" if final is None or len(final) == 0 else fl.applicable(law, final)
         if reason:
             cands.append({"method": law, "applicable": False, "reason": reason})
         elif curves:
-            cands.append(_evidence(law, lambda law=law: fl.backtest_law_curves(law, table), tp, ref))
+            cands.append(_evidence(law, lambda law=law: fl.backtest_law_curves(law, table, dn=dn), tp, ref))
         else:
-            cands.append(_evidence(law, lambda law=law: fl.backtest_law(law, final), tp, ref))
+            cands.append(_evidence(law, lambda law=law: fl.backtest_law(law, final, dn=dn), tp, ref))
     for c in cands:
         c["scored_on"] = "every eval of the held-out runs" if curves else "the held-out runs' final losses"
     scored = [c for c in cands if c.get("expected_error") is not None]
+    if dn is not None and any(c.get("tokens_per_param_points") for c in scored):
+        # the target extrapolates in D/N: a law the ladder could not test that way is not compared with one it could
+        for c in scored:
+            if not c.get("tokens_per_param_points"):
+                c["excluded"] = (f"not backtested along tokens per parameter ({'above' if dn == 'up' else 'below'} the "
+                                 "fitted runs, where the target lies): too few runs on the fitted side of every D/N cut")
+        scored = [c for c in scored if c.get("tokens_per_param_points")]
+    elif dn is not None and scored:
+        m = (final["tokens"] / final["params_active"]).to_numpy(float)
+        warn.append(f"the target's {target.tokens / target.params_active:.3g} tokens per parameter lie outside the runs' "
+                    f"{m.min():.3g}-{m.max():.3g} and no law could be backtested along D/N on this ladder (it needs "
+                    "runs at two or more D/N ratios below a cut and more beyond it): the choice rests on splits in "
+                    "compute alone, and the band counts the D/N decades at the rate those splits measured")
     if scored:
         best = min(scored, key=lambda c: c["expected_error"])
         simpler = [c for c in scored if c["expected_error"] <= best["expected_error"] * PREFER_SIMPLER]
@@ -149,7 +165,7 @@ def _evidence(method: str, run_backtest, tp: dict, ref: dict | None) -> dict:
         return out
     d_target = float(fl.distance(tp, ref)[0]) if ref is not None else float("nan")
     out.update(backtest_rms=res.rms_rel_error, backtest_mean=res.mean_rel_error, rate=res.rate,
-               backtest_points=res.n_points, target_distance=d_target,
+               backtest_points=res.n_points, tokens_per_param_points=res.tokens_per_param_points, target_distance=d_target,
                expected_error=float(res.rate * d_target) if np.isfinite(d_target) else res.rms_rel_error)
     return out
 

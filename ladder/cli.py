@@ -804,7 +804,7 @@ def _print_selection(candidates: list[dict]) -> None:
     for c in candidates:
         rms = f"{c['backtest_rms']:.2%}" if c.get("backtest_rms") is not None else "-"
         exp_err = f"{c['expected_error']:.2%}" if c.get("expected_error") is not None else "-"
-        note = "chosen" if c.get("chosen") else (c.get("reason") or "")
+        note = "chosen" if c.get("chosen") else (c.get("excluded") or c.get("reason") or "")
         table.add_row(c["method"], rms, exp_err, note)
     console.print(table)
 

@@ -203,3 +203,54 @@ def test_a_final_law_curve_band_is_as_wide_early_as_its_backtest_missed_the_rung
     assert inside[early].all(), list(zip(actual[early], bands[early]))
     half = (bands[:, 2] - bands[:, 1]) / 2 / bands[:, 0]
     assert half[early].min() > 2 * half[-1], "the early band must come from the early backtest, the end's from the final one"
+
+
+def _grid_table(sizes, ratios, noise=0.003, seed=0):
+    """Finished runs at every (size, tokens per parameter) pair of the grid."""
+    parts = [_final_table(sizes, m, noise=noise, seed=seed + i).assign(run=lambda t, i=i: [f"m{i}_{r}" for r in t["run"]])
+             for i, m in enumerate(ratios)]
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_the_backtest_extrapolates_in_tokens_per_param_when_the_target_does():
+    from forecasting import final_laws as fl
+
+    final = fl.final_points(_grid_table(np.geomspace(2e7, 3e8, 4), [5.0, 10.0, 20.0, 40.0, 80.0]))
+    n_t = 3e8
+    over = TargetSpec(name="t", params_active=n_t, tokens=600 * n_t)
+    assert fl.tokens_per_param_direction(final, over) == "up"
+    assert fl.tokens_per_param_direction(final, TargetSpec(name="t", params_active=n_t, tokens=30 * n_t)) is None
+    assert fl.tokens_per_param_direction(final, TargetSpec(name="t", params_active=n_t, tokens=1 * n_t)) == "down"
+    m = final["tokens"] / final["params_active"]
+    splits = fl._dn_splits(final, "up", min_fit=5, max_splits=5)
+    assert splits
+    for fit, pred in splits:
+        assert m[fit].max() < m[pred].min() and m[fit].nunique() >= 2 and fit.sum() >= len(final) / 2
+    along = fl.backtest_law("compute", final, dn="up")
+    assert along.tokens_per_param_points > 0 and fl.backtest_law("compute", final).tokens_per_param_points == 0
+    assert along.n_points == fl.backtest_law("compute", final).n_points + along.tokens_per_param_points
+    f = forecast_target(final, over, n_bootstrap=20)
+    chosen = next(c for c in f.selection if c.get("chosen"))
+    assert chosen["tokens_per_param_points"] > 0
+    actual = float(_law(n_t, 600 * n_t))
+    assert f.final_loss_lo <= actual <= f.final_loss_hi
+
+
+def test_a_law_the_ladder_cannot_test_along_tokens_per_param_is_not_chosen_for_an_over_trained_target():
+    # 9 runs at three ratios: the D/N cut after the second fits 6 runs, too few for farseer's 6 parameters
+    final = _grid_table(np.geomspace(2e7, 3e8, 3), [10.0, 20.0, 40.0])
+    n_t = 3e8
+    f = forecast_target(final, TargetSpec(name="t", params_active=n_t, tokens=400 * n_t), n_bootstrap=10)
+    farseer = next(c for c in f.selection if c["method"] == "farseer")
+    assert farseer.get("expected_error") is not None and farseer["tokens_per_param_points"] == 0
+    assert "not backtested along tokens per parameter" in farseer["excluded"] and f.method != "farseer"
+    # the same ladder, a target inside its D/N range: nothing is excluded
+    inside = forecast_target(final, TargetSpec(name="t", params_active=n_t, tokens=30 * n_t), n_bootstrap=10)
+    assert not any(c.get("excluded") for c in inside.selection)
+
+
+def test_an_over_trained_target_beyond_what_the_ladder_can_test_along_tokens_per_param_is_named():
+    final = _grid_table(np.geomspace(2e7, 3e8, 5), [20.0, 50.0])  # two ratios: no D/N cut leaves two on the fitted side
+    f = forecast_target(final, TargetSpec(name="t", params_active=3e8, tokens=400 * 3e8), n_bootstrap=10)
+    assert not any(c.get("tokens_per_param_points") for c in f.selection)
+    assert any("no law could be backtested along D/N" in w for w in f.warnings)
