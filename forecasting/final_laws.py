@@ -45,6 +45,7 @@ from forecasting.forecast import BacktestResult, TargetSpec
 from forecasting.surfaces import SURFACES, fit_surface
 
 FINAL_LAWS = ("compute", "overtrain", "chinchilla", "farseer", "moe", "data_constrained")  # simplest first
+SURFACE_LAWS = tuple(SURFACES)  # the laws fitted by forecasting.surfaces (their fits report parameters on a bound)
 N_PARAMS = {"compute": 3, "overtrain": 4, "chinchilla": 5, "farseer": 6, "moe": 6, "data_constrained": 6}
 NOISE_FLOOR = 0.004
 PRIOR_RATE = 0.04
@@ -541,6 +542,11 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     warn: list[str] = []
     final = final_points(table, warn)
     model = _cached(("fit", law, _key(final)), lambda: fit_final(law, final))
+    at_bounds = getattr(model.obj, "at_bounds", ())
+    if at_bounds:
+        warn.append(f"the {law} fit sits on a bound of {', '.join(at_bounds)} "
+                    f"({', '.join(f'{k} = {model.params[k]:.4g}' for k in at_bounds)}): these runs do not pin that "
+                    "parameter, and the form's extrapolation along it is not measured by the fit")
     tp = target_point(target)
     point = float(model.predict(tp)[0])
     preds, samples, kind = fit_spread(law, final, model, tp, n_boot, seed)

@@ -120,6 +120,10 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
     for c in cands:
         c["scored_on"] = "every eval of the held-out runs" if curves else "the held-out runs' final losses"
     scored = [c for c in cands if c.get("expected_error") is not None]
+    for c in scored:  # reported, not used to choose (BENCHMARKS.md: excluding them measured worse as a whole)
+        bounds = _fit_at_bounds(c["method"], final)
+        if bounds:
+            c["fit_at_bounds"] = bounds
     if dn is not None and any(c.get("tokens_per_param_points") for c in scored):
         # the target extrapolates in D/N: a law the ladder could not test that way is not compared with one it could
         for c in scored:
@@ -154,6 +158,18 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
                     "its band uses the public suite's error rate")
     choice["chosen"] = True
     return choice["method"], cands, warn
+
+
+def _fit_at_bounds(method: str, final: pd.DataFrame | None) -> list[str]:
+    """Parameters a surface law's fit on every finished run sits on a bound of (the same cached fit the forecast
+    uses); [] for the other methods or when the fit fails (the forecast then reports that)."""
+    if method not in fl.SURFACE_LAWS or final is None:
+        return []
+    try:
+        model = fl._cached(("fit", method, fl._key(final)), lambda: fl.fit_final(method, final))
+    except FitError:
+        return []
+    return list(getattr(model.obj, "at_bounds", ()))
 
 
 def _evidence(method: str, run_backtest, tp: dict, ref: dict | None) -> dict:

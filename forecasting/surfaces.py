@@ -77,6 +77,7 @@ class SurfaceFit:
     params: dict[str, float]
     objective: float
     converged: bool
+    at_bounds: tuple[str, ...] = ()  # parameters the optimum sits on a bound of: the points do not pin them
 
     def predict(self, data: dict[str, np.ndarray]) -> np.ndarray:
         return self.surface.predict_fn(_as_arrays(data), self.params)
@@ -257,4 +258,9 @@ def fit_surface(
         raise FitError(f"the {name} law did not converge from any start")
     params = {k: float(v) for k, v in unpack(best.x).items()}
     converged = bool(best.status > 0 and np.all(np.isfinite(best.x)))
-    return SurfaceFit(surface=surface, params=params, objective=float(best.cost) * delta, converged=converged)
+    edge = 1e-4 * (zhi - zlo)
+    # E at its floor is the form without an irreducible term, a fair reading of a short ladder; any other edge
+    # (A or B at 1e12, an exponent at its limit, E at the smallest loss) is a degenerate optimum
+    at_bounds = tuple(k for k, z, a, b, e in zip(surface.names, best.x, zlo, zhi, edge, strict=True)
+                      if (z <= a + e and k != "E") or z >= b - e)
+    return SurfaceFit(surface=surface, params=params, objective=float(best.cost) * delta, converged=converged, at_bounds=at_bounds)

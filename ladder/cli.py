@@ -693,13 +693,17 @@ def _schedule_values(kind, peak_lr, num_steps, warmup, min_lr_fraction, decay_fr
     return [float(v) for v in schedule_value(steps, peak=peak_lr, schedule=config, num_steps=num_steps)]
 
 
+# forecasting.api.METHODS, written out so the CLI starts without importing the forecasting stack (a test holds them equal)
+METHOD_HELP = ("auto (chosen by a backtest on the table), or one of matched_progress, chinchilla, compute, multipower, "
+               "overtrain, farseer, moe, data_constrained.")
+
 @app.command()
 def forecast(
     source: str = typer.Argument(..., help="Experiment file/module, or a CSV/parquet table of runs."),
     target: Optional[str] = typer.Argument(None, help="With an experiment: the training step to forecast (e.g. hero)."),
     root: Optional[str] = RootOption,
     refit: bool = typer.Option(False, "--refit", help="Refit with the target's own live prefix (its metrics so far)."),
-    method: str = typer.Option("auto", help="auto, matched_progress, chinchilla or compute."),
+    method: str = typer.Option("auto", help=METHOD_HELP),
     n_bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
     params_active: Optional[float] = typer.Option(None, help="With a table: active parameters of the target."),
@@ -805,6 +809,8 @@ def _print_selection(candidates: list[dict]) -> None:
         rms = f"{c['backtest_rms']:.2%}" if c.get("backtest_rms") is not None else "-"
         exp_err = f"{c['expected_error']:.2%}" if c.get("expected_error") is not None else "-"
         note = "chosen" if c.get("chosen") else (c.get("excluded") or c.get("reason") or "")
+        if c.get("fit_at_bounds"):
+            note += f" (its fit sits on a bound of {', '.join(c['fit_at_bounds'])})"
         table.add_row(c["method"], rms, exp_err, note)
     console.print(table)
 
@@ -834,7 +840,7 @@ def _print_allocation(a: dict) -> None:
 def backtest(
     source: Optional[str] = typer.Argument(None, help="Experiment file/module, or a CSV/parquet table of runs (not with --suite)."),
     root: Optional[str] = RootOption,
-    method: str = typer.Option("auto", help="auto, matched_progress, chinchilla or compute."),
+    method: str = typer.Option("auto", help=METHOD_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     suite: bool = typer.Option(False, "--suite", help="The public backtest suite: every method on every shipped public data set, one table."),
     quick: bool = typer.Option(False, "--quick", help="With --suite: a small subset (one split per data set, few targets)."),

@@ -254,3 +254,14 @@ def test_an_over_trained_target_beyond_what_the_ladder_can_test_along_tokens_per
     f = forecast_target(final, TargetSpec(name="t", params_active=3e8, tokens=400 * 3e8), n_bootstrap=10)
     assert not any(c.get("tokens_per_param_points") for c in f.selection)
     assert any("no law could be backtested along D/N" in w for w in f.warnings)
+
+
+def test_a_law_whose_fit_sits_on_a_bound_says_so_in_the_selection_and_the_forecast():
+    from forecasting import suite
+
+    split = suite.splits_steplaw_dense_overtrained()[0]  # public data: farseer's B runs to 1e12 on these 10 runs
+    f = forecast_target(split.train, split.targets[-1].target, n_bootstrap=10)
+    farseer = next(c for c in f.selection if c["method"] == "farseer")
+    assert farseer["fit_at_bounds"] == ["B"]
+    assert not any(c.get("fit_at_bounds") for c in f.selection if c["method"] != "farseer")
+    assert f.method == "farseer" and any("farseer fit sits on a bound of B" in w for w in f.warnings)

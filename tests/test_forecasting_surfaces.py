@@ -32,6 +32,20 @@ def test_dense_surfaces_recover_their_parameters(name, truth):
     assert fit.predict(far)[0] == pytest.approx(SURFACES[name].predict_fn(far, truth)[0], rel=1e-3)
 
 
+def test_a_fit_on_a_bound_of_its_parameters_says_so():
+    n, d = _grid()
+    truth = {"E": 1.7, "A": 300.0, "B": 900.0, "alpha": 0.33, "beta0": 0.30, "beta1": -0.015}
+    clean = fit_surface("farseer", _frame(n, d, SURFACES["farseer"].predict_fn({"params_active": n, "tokens": d}, truth)))
+    assert clean.at_bounds == ()
+    # ten runs at two D/N ratios (public steplaw data): B runs to the box's 1e12 edge
+    from forecasting import final_laws as fl
+    from forecasting import suite
+
+    final = fl.final_points(suite.splits_steplaw_dense_overtrained()[0].train)
+    edge = fit_surface("farseer", final)
+    assert edge.at_bounds == ("B",) and edge.params["B"] == pytest.approx(1e12, rel=1e-3)
+
+
 def test_moe_surface_finds_how_much_total_parameters_count():
     n, d = _grid(ratios=(20.0, 80.0))
     sparsity = np.tile([1.0, 4.0, 16.0, 2.0, 8.0, 32.0], 2)[: len(n)]

@@ -54,6 +54,25 @@ def test_forecast_json_on_a_table_has_the_documented_keys(tmp_path):
     assert abs(forecast["final_loss"] / truth - 1) < 0.02
 
 
+def test_auto_on_an_over_trained_target_shows_its_backtest_along_tokens_per_param(tmp_path):
+    table = _chinchilla_table(tmp_path / "runs.csv")
+    n, d = 3e8, 400 * 3e8  # 10x the ladder's largest D/N
+    result = runner.invoke(app, ["forecast", table, "--params-active", str(n), "--tokens", str(d), "--n-bootstrap", "20", "--json"])
+    assert result.exit_code == 0, result.output
+    forecast = json.loads(result.stdout)
+    chosen = next(c for c in forecast["selection"] if c.get("chosen"))
+    assert chosen["tokens_per_param_points"] > 0
+    truth = 1.8 + 400 / n**0.34 + 2000 / d**0.37
+    assert forecast["final_loss_lo"] <= truth <= forecast["final_loss_hi"]
+
+
+def test_method_help_lists_every_forecasting_method():
+    from forecasting.api import METHODS
+    from ladder.cli import METHOD_HELP
+
+    assert all(m in METHOD_HELP for m in METHODS)
+
+
 def test_forecast_on_a_table_needs_a_target_description(tmp_path):
     table = _chinchilla_table(tmp_path / "runs.csv")
     result = runner.invoke(app, ["forecast", table])
