@@ -129,7 +129,7 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
         for c in scored:
             if not c.get("tokens_per_param_points"):
                 c["excluded"] = (f"not backtested along tokens per parameter ({'above' if dn == 'up' else 'below'} the "
-                                 "fitted runs, where the target lies): too few runs on the fitted side of every D/N cut")
+                                 "fitted runs, where the target lies): no D/N cut left it enough runs to fit, or its fits there failed")
         scored = [c for c in scored if c.get("tokens_per_param_points")]
     elif dn is not None and scored:
         m = (final["tokens"] / final["params_active"]).to_numpy(float)

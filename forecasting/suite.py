@@ -7,6 +7,9 @@ leave-largest-out splits (fit on the smaller runs, predict the largest ones the 
 every method through the public API (`forecasting.api.forecast_target` / `refit_forecast`; the
 method list is read from `forecasting.api.METHODS` at run time, plus "auto"), and scores every
 held-out point: relative error, whether the 95% band covers it, and the band's relative half-width.
+Two data sets are over-training splits of others (`*_overtrained`: fit the runs near compute-optimal, predict
+the over-trained ones), because a hero trained far beyond its ladder's tokens per parameter extrapolates in
+D/N, which a leave-largest-out split does not test.
 
 Scoring, per held-out point (step s, actual loss y), with (p, lo, hi) the forecast there:
     rel error  = p / y - 1

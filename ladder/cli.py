@@ -697,6 +697,7 @@ def _schedule_values(kind, peak_lr, num_steps, warmup, min_lr_fraction, decay_fr
 METHOD_HELP = ("auto (chosen by a backtest on the table), or one of matched_progress, chinchilla, compute, multipower, "
                "overtrain, farseer, moe, data_constrained.")
 
+
 @app.command()
 def forecast(
     source: str = typer.Argument(..., help="Experiment file/module, or a CSV/parquet table of runs."),
