@@ -45,7 +45,6 @@ from forecasting.forecast import BacktestResult, TargetSpec
 from forecasting.surfaces import SURFACES, fit_surface
 
 FINAL_LAWS = ("compute", "overtrain", "chinchilla", "farseer", "moe", "data_constrained")  # simplest first
-SURFACE_LAWS = tuple(SURFACES)  # the laws fitted by forecasting.surfaces (their fits report parameters on a bound)
 N_PARAMS = {"compute": 3, "overtrain": 4, "chinchilla": 5, "farseer": 6, "moe": 6, "data_constrained": 6}
 NOISE_FLOOR = 0.004
 PRIOR_RATE = 0.04

@@ -16,7 +16,7 @@ Rules that are not backtests:
   schedule is known: that is a schedule transfer, not a size extrapolation, and CURVE's law is
   calibrated on those very curves.
 - `matched_progress` is a same-recipe method: refused, with the reason, when the target's tokens per
-  parameter lie outside the rungs' range (x/÷ `MP_RATIO_SLACK`).
+  parameter lie outside the rungs' range (x/÷ `final_laws.DN_SLACK`, the slack the D/N backtest uses too).
 - Nothing can be backtested (too few runs): the first applicable of matched_progress, chinchilla,
   overtrain, compute, with a warning.
 """
@@ -31,7 +31,6 @@ from forecasting.fitting import FitError
 from forecasting.forecast import TargetSpec
 from forecasting.matched_progress import fit_profiled
 
-MP_RATIO_SLACK = 1.25
 PREFER_SIMPLER = 1.10
 WARN_ERROR = 0.03
 SIMPLICITY = {"matched_progress": 0, "compute": 1, "overtrain": 2, "chinchilla": 3, "farseer": 4, "moe": 4, "data_constrained": 4}
@@ -52,7 +51,7 @@ def matched_progress_refusal(table: pd.DataFrame, target: TargetSpec | None) -> 
     last = fl.last_points(table)
     m = (last["run_tokens"] / last["params_active"]).to_numpy(float)
     m_t = target.tokens / target.params_active
-    if not (m.min() / MP_RATIO_SLACK <= m_t <= m.max() * MP_RATIO_SLACK):
+    if not (m.min() / fl.DN_SLACK <= m_t <= m.max() * fl.DN_SLACK):
         return (f"the target's {m_t:.3g} tokens per parameter lie outside the rungs' {m.min():.3g}-{m.max():.3g}: "
                 "matched progress assumes rungs and target share tokens-per-parameter scaling")
     return None
@@ -163,7 +162,7 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
 def _fit_at_bounds(method: str, final: pd.DataFrame | None) -> list[str]:
     """Parameters a surface law's fit on every finished run sits on a bound of (the same cached fit the forecast
     uses); [] for the other methods or when the fit fails (the forecast then reports that)."""
-    if method not in fl.SURFACE_LAWS or final is None:
+    if method not in fl.SURFACES or final is None:
         return []
     try:
         model = fl._cached(("fit", method, fl._key(final)), lambda: fl.fit_final(method, final))
