@@ -168,6 +168,7 @@ def test_remat_is_an_execution_field_and_microbatch_size_is_identity():
     assert "microbatch_size" not in TrainConfig.EXECUTION_FIELDS
 
 
+@pytest.mark.slow  # 10-18 s of compilation on 2 cores; CI runs the slow set
 def test_full_remat_lowers_xla_temp_memory():
     """Without remat the backward keeps every block's intermediates; "full" keeps block inputs and
     recomputes one block at a time; "save_dots" keeps the 2-D GEMM outputs in between."""
@@ -249,6 +250,7 @@ def test_capacity_buffers_and_switch_loss_are_per_microbatch():
         assert float(aux_m[key]) != pytest.approx(float(aux[key]), rel=1e-4), key
 
 
+@pytest.mark.slow  # 10-18 s of compilation on 2 cores; CI runs the slow set
 def test_microbatching_lowers_xla_temp_memory():
     sizes = {
         "whole": temp_bytes(MEMORY_JOB),
@@ -322,6 +324,7 @@ SHARDED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 10-18 s of compilation on 2 cores; CI runs the slow set
 def test_microbatches_stay_on_their_devices_on_an_8_device_mesh():
     """On a data x expert mesh of 8 fake CPU devices: splitting the batch into micro-batches compiles to
     no collective at all and every device keeps its own rows; the micro-batched step compiles to the
