@@ -55,6 +55,9 @@ MIN_DISTANCE = 0.05
 # measured a misspecification, not an error that grows 13-fold by the target's 0.65 decades.
 MIN_BACKTEST_DISTANCE = 0.25
 DN_SLACK = 1.25  # a target within x/÷ 1.25 of the runs' D/N range does not extrapolate in D/N
+ISOFLOP_TOLERANCE = 0.02  # runs whose planned compute is within 2% share a budget ...
+ISOFLOP_SIZE_RATIO = 1.1  # ... and are of distinct sizes when 10% apart ...
+ISOFLOP_LOSS_SPREAD = 0.01  # ... with losses told apart when 1% apart (2.5x the seed-to-seed NOISE_FLOOR)
 DN_BIN = 0.1  # decades of D/N that count as one level when the backtest splits along D/N
 Z95 = 1.959963984540054
 
@@ -153,6 +156,32 @@ def tokens_per_param_spread(final: pd.DataFrame) -> float:
     if not {"params_active", "tokens"} <= set(final.columns) or len(final) < 2:
         return 0.0
     return float(np.ptp(np.log10(final["tokens"].to_numpy(float) / final["params_active"].to_numpy(float))))
+
+
+def compute_law_blind_spot(final: pd.DataFrame) -> str | None:
+    """Why a law of compute alone cannot describe this ladder, or None.
+
+    The compute law gives every run of one budget one loss. An IsoFLOP ladder (several model sizes per budget)
+    shows directly that they differ: fitted through such a grid, the law predicts the grid's average at each
+    budget, and it answers the same loss for every size a user might choose at the target's compute. `auto`
+    does not offer it as a candidate then; asked for by name it still runs, with this as a warning.
+    """
+    if not {"params_active", "run_flops", "loss"} <= set(final.columns) or len(final) < 2:
+        return None
+    f = final.sort_values("run_flops")
+    c, n, y = (f[k].to_numpy(float) for k in ("run_flops", "params_active", "loss"))
+    worst = None
+    for i in range(len(f)):
+        same = (c >= c[i]) & (c <= c[i] * (1 + ISOFLOP_TOLERANCE))
+        sizes, losses = n[same], y[same]
+        if sizes.max() > sizes.min() * ISOFLOP_SIZE_RATIO and losses.max() > losses.min() * (1 + ISOFLOP_LOSS_SPREAD):
+            spread = losses.max() / losses.min() - 1
+            if worst is None or spread > worst[0]:
+                worst = (spread, int(same.sum()), c[i])
+    if worst is None:
+        return None
+    return (f"the ladder holds several model sizes at one compute budget ({worst[1]} runs at {worst[2]:.3g} FLOPs, "
+            f"their losses {worst[0]:.1%} apart): a law of compute alone gives them one loss")
 
 
 # ---------------------------------------------------------------- fit
@@ -546,6 +575,10 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         warn.append(f"the {law} fit sits on a bound of {', '.join(at_bounds)} "
                     f"({', '.join(f'{k} = {model.params[k]:.4g}' for k in at_bounds)}): these runs do not pin that "
                     "parameter, and the form's extrapolation along it is not measured by the fit")
+    blind = compute_law_blind_spot(final) if law == "compute" else None
+    if blind:
+        warn.append(f"{blind}: the forecast is that budget's loss along the ladder's mix of sizes, not this target's "
+                    "(an (N, D) law such as chinchilla, overtrain or farseer tells the sizes apart)")
     tp = target_point(target)
     point = float(model.predict(tp)[0])
     preds, samples, kind = fit_spread(law, final, model, tp, n_boot, seed)

@@ -17,6 +17,8 @@ Rules that are not backtests:
   calibrated on those very curves.
 - `matched_progress` is a same-recipe method: refused, with the reason, when the target's tokens per
   parameter lie outside the rungs' range (x/÷ `final_laws.DN_SLACK`, the slack the D/N backtest uses too).
+- `compute` is not a candidate on an IsoFLOP ladder (several model sizes at one budget, their losses apart:
+  `final_laws.compute_law_blind_spot`): a law of compute alone gives every size at the target's budget one loss.
 - Nothing can be backtested (too few runs): the first applicable of matched_progress, chinchilla,
   overtrain, compute, with a warning.
 """
@@ -110,6 +112,8 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
     dn = None if final is None or len(final) == 0 else fl.tokens_per_param_direction(final, target)
     for law in fl.FINAL_LAWS:
         reason = "no finished run" if final is None or len(final) == 0 else fl.applicable(law, final)
+        if not reason and law == "compute":
+            reason = fl.compute_law_blind_spot(final)
         if reason:
             cands.append({"method": law, "applicable": False, "reason": reason})
         elif curves:

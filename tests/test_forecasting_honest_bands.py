@@ -275,3 +275,46 @@ def test_a_forecast_from_a_fit_on_a_bound_warns():
     split = suite.splits_steplaw_dense_overtrained()[0]
     f = forecast_target(split.train, split.targets[-1].target, method="farseer", n_bootstrap=10)
     assert any("farseer fit sits on a bound of B" in w for w in f.warnings)
+
+
+def _isoflop_table(budgets, per_budget=3, noise=0.002, seed=0):
+    """An IsoFLOP ladder: at each budget, model sizes around the law's optimum, D = C / 6N."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in budgets:
+        n_opt = (c / 6 / 20) ** 0.5
+        for j, n in enumerate(n_opt * np.geomspace(0.4, 2.5, per_budget)):
+            d = c / 6 / n
+            rows.append({"run": f"C{c:.3g}_N{j}", "step": 100, "loss": float(_law(n, d)) * math.exp(rng.normal(0, noise)),
+                         "params_active": n, "tokens": d, "flops": c, "fraction": 1.0})
+    return pd.DataFrame(rows)
+
+
+def test_the_compute_law_is_not_a_candidate_on_an_isoflop_ladder_and_warns_when_asked_for():
+    from forecasting import final_laws as fl
+
+    table = _isoflop_table(np.geomspace(1e16, 1e18, 5))
+    final = fl.final_points(table)
+    reason = fl.compute_law_blind_spot(final)
+    assert reason and "several model sizes at one compute budget" in reason
+    c_t = 4e18
+    n_small, n_large = 0.4 * (c_t / 120) ** 0.5, 2.5 * (c_t / 120) ** 0.5
+    target = TargetSpec(name="t", params_active=n_small, tokens=c_t / 6 / n_small)
+    f = forecast_target(table, target, n_bootstrap=10)
+    compute = next(c for c in f.selection if c["method"] == "compute")
+    assert compute["applicable"] is False and "several model sizes" in compute["reason"] and f.method != "compute"
+    # asked for by name it runs, says why it cannot tell the sizes apart, and indeed gives both sizes one loss
+    by_name = [forecast_target(table, TargetSpec(name="t", params_active=n, tokens=c_t / 6 / n), method="compute", n_bootstrap=10)
+               for n in (n_small, n_large)]
+    assert any("a law of compute alone gives them one loss" in w for w in by_name[0].warnings)
+    assert by_name[0].final_loss == pytest.approx(by_name[1].final_loss, rel=1e-9)
+    assert abs(float(_law(n_small, c_t / 6 / n_small)) / float(_law(n_large, c_t / 6 / n_large)) - 1) > 0.01  # they differ
+
+
+def test_one_size_per_budget_or_one_size_at_a_budget_is_no_blind_spot_for_the_compute_law():
+    from forecasting import final_laws as fl
+
+    assert fl.compute_law_blind_spot(fl.final_points(_final_table(np.geomspace(2e7, 3e8, 5), 20.0))) is None
+    # two runs of one size at one budget (say two schedules) that end apart: still nothing a size could explain
+    twins = _final_table([2e7, 2e7, 5e7, 1e8], 20.0).assign(loss=[3.0, 3.1, 2.9, 2.8])
+    assert fl.compute_law_blind_spot(fl.final_points(twins)) is None
