@@ -19,7 +19,8 @@ Methods: `matched_progress` (curves across rungs at matched training fractions),
 `forecasting.final_laws` (`compute`, `chinchilla`, and the surfaces `overtrain`, `farseer`, `moe`,
 `data_constrained`, each drawing the whole curve from the rungs' schedule offsets), and `multipower`
 (CURVE's Multi-Power Law, for a target of a size the table already has curves of). `method="auto"` picks by
-a backtest on the given table (`forecasting.selection`) and records every candidate in `Forecast.selection`.
+a backtest on the given table (`forecasting.selection`), blends the laws that backtest within 2x of the pick
+(`forecasting.blend`), and records every candidate in `Forecast.selection`.
 
 JSON documents for the CLI (`--json`), all plain dicts of str/float/list:
 - `LadderFit.summary()`: law, formula, n_runs, params {name: {value, lo, hi, level}}, final_run,
@@ -47,6 +48,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from forecasting import backtest as bt
+from forecasting import blend
 from forecasting import final_laws as fl
 from forecasting.selection import matched_progress_refusal, select_method
 from forecasting.bootstrap import Interval, percentile_interval, run_weights
@@ -507,9 +509,31 @@ def forecast_target(
                                 f"the next best, {order[i + 1]}, is used")
                 for c in selection:
                     c["chosen"] = c["method"] == order[i + 1] or None
+        f = _blend_close_candidates(table, target, f, selection, n_bootstrap, seed, dup_warn)
     f.warnings = dup_warn + f.warnings
     f.selection = selection
     return f
+
+
+def _blend_close_candidates(table: pd.DataFrame, target: TargetSpec, chosen: Forecast, selection: list[dict], n_boot: int,
+                            seed: int, warn: list[str]) -> Forecast:
+    """`auto`'s forecast: the chosen law alone, or its blend with the laws the backtest could not tell from it
+    (`forecasting.blend`); each blended candidate's weight is recorded in the selection."""
+    weights = blend.members(selection, chosen.method)
+    forecasts = {chosen.method: chosen}
+    for m in weights:
+        if m in forecasts:
+            continue
+        try:
+            forecasts[m] = _forecast_with(table, target, m, n_boot, seed)
+        except FitError as error:
+            warn.append(f"{m} backtested within {blend.WITHIN:g}x of {chosen.method} but failed on the whole table "
+                        f"({error}): left out of the blend")
+    weights = {m: w for m, w in weights.items() if m in forecasts}
+    for c in selection:
+        if c["method"] in weights and len(weights) > 1:
+            c["blend_weight"] = weights[c["method"]] / sum(weights.values())
+    return blend.blend(forecasts, weights)
 
 
 def _forecast_with(table: pd.DataFrame, target: TargetSpec, method: str, n_boot: int, seed: int) -> Forecast:

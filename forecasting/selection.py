@@ -21,6 +21,9 @@ Rules that are not backtests:
   `final_laws.compute_law_blind_spot`): a law of compute alone gives every size at the target's budget one loss.
 - Nothing can be backtested (too few runs): the first applicable of matched_progress, chinchilla,
   overtrain, compute, with a warning.
+
+The choice is the law `auto` is built around; `forecasting.blend` then decides whether the forecast is that law's
+alone or its blend with the laws whose expected errors the backtest could not tell from it.
 """
 
 from __future__ import annotations

@@ -609,7 +609,7 @@ def _forecast(split: Split, h: HeldOut, method: str, n_bootstrap: int, seed: int
     """(forecast, method that produced it: for refits the prior's method)."""
     if h.live is None:
         f = api.forecast_target(split.train, h.target, method=method, n_bootstrap=n_bootstrap, seed=seed)
-        return f, f.method
+        return f, _made_by(f)
     if method == LIVE_ONLY:
         prior = flat_prior(h.target, h.live)
         table = split.train if split.train is not None else h.live
@@ -619,7 +619,13 @@ def _forecast(split: Split, h: HeldOut, method: str, n_bootstrap: int, seed: int
         prior = api.forecast_target(split.train, h.target, method=method, n_bootstrap=n_bootstrap, seed=seed)
         table = split.train
     f = api.refit_forecast(table, h.target, h.live, prior=prior, n_bootstrap=n_bootstrap, seed=seed)
-    return f, prior.method
+    return f, _made_by(prior)
+
+
+def _made_by(f: Forecast) -> str:
+    """The method that made `f`; a blend names its members ("blend(overtrain+farseer)", heaviest first)."""
+    weights = sorted(((c["blend_weight"], c["method"]) for c in f.selection if c.get("blend_weight")), reverse=True)
+    return f"blend({'+'.join(m for _, m in weights)})" if f.method == "blend" and weights else f.method
 
 
 def score_forecast(f: Forecast, h: HeldOut) -> pd.DataFrame:

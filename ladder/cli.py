@@ -804,15 +804,16 @@ def forecast(
 def _print_selection(candidates: list[dict]) -> None:
     """method=auto: every candidate with its backtest on this table, the winner marked."""
     table = Table(title="method chosen by backtest on this table (expected error = error per unit distance x the target's distance)")
-    for column in ("method", "backtest rms", "expected error at target", "note"):
+    for column in ("method", "backtest rms", "expected error at target", "blend weight", "note"):
         table.add_column(column, overflow="fold")
     for c in candidates:
         rms = f"{c['backtest_rms']:.2%}" if c.get("backtest_rms") is not None else "-"
         exp_err = f"{c['expected_error']:.2%}" if c.get("expected_error") is not None else "-"
+        weight = f"{c['blend_weight']:.2f}" if c.get("blend_weight") else "-"
         note = "chosen" if c.get("chosen") else (c.get("excluded") or c.get("reason") or "")
         if c.get("fit_at_bounds"):
             note += f" (its fit sits on a bound of {', '.join(c['fit_at_bounds'])})"
-        table.add_row(c["method"], rms, exp_err, note)
+        table.add_row(c["method"], rms, exp_err, weight, note)
     console.print(table)
 
 

@@ -51,7 +51,10 @@ def test_auto_picks_the_law_by_backtest_and_says_which_won_and_by_how_much():
     scored = {c["method"]: c for c in f.selection if c.get("expected_error") is not None}
     assert {"overtrain", "chinchilla", "farseer"} <= set(scored)
     chosen = [c for c in f.selection if c.get("chosen")]
-    assert len(chosen) == 1 and chosen[0]["method"] == f.method
+    assert len(chosen) == 1
+    # the chosen law's own forecast, or a blend that holds it with the laws the backtest could not tell from it
+    blended = {c["method"] for c in f.selection if c.get("blend_weight")}
+    assert chosen[0]["method"] == f.method or (f.method == "blend" and chosen[0]["method"] in blended)
     best = min(c["expected_error"] for c in scored.values())
     assert chosen[0]["expected_error"] <= best * 1.10 + 1e-12  # the winner, or a simpler law within 10% of it
     not_applicable = {c["method"]: c["reason"] for c in f.selection if c.get("applicable") is False}
@@ -115,5 +118,8 @@ def test_auto_falls_back_to_the_next_best_when_the_winner_fails_on_the_whole_tab
     monkeypatch.setattr(final_laws, "forecast_final", winner_does_not_converge)
     t = chinchilla_points(DATA / "chinchilla_svg_extracted_data.csv")
     f = forecast_target(t, TargetSpec(name="chinchilla-70b", params_active=70e9, tokens=1.4e12), n_bootstrap=10)
-    assert f.method != "overtrain" and any("failed on the whole table" in w for w in f.warnings)
-    assert [c["method"] for c in f.selection if c.get("chosen")] == [f.method]
+    assert any("failed on the whole table" in w for w in f.warnings)
+    chosen = [c["method"] for c in f.selection if c.get("chosen")]
+    assert chosen != ["overtrain"] and len(chosen) == 1
+    blended = {c["method"] for c in f.selection if c.get("blend_weight")}
+    assert "overtrain" not in blended and (f.method == chosen[0] or chosen[0] in blended)

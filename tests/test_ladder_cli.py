@@ -64,6 +64,10 @@ def test_auto_on_an_over_trained_target_shows_its_backtest_along_tokens_per_para
     assert chosen["tokens_per_param_points"] > 0
     truth = 1.8 + 400 / n**0.34 + 2000 / d**0.37
     assert forecast["final_loss_lo"] <= truth <= forecast["final_loss_hi"]
+    weights = [c["blend_weight"] for c in forecast["selection"] if c.get("blend_weight")]
+    assert (forecast["method"] == "blend") == bool(weights) and (not weights or abs(sum(weights) - 1) < 1e-9)
+    shown = runner.invoke(app, ["forecast", table, "--params-active", str(n), "--tokens", str(d), "--n-bootstrap", "20"])
+    assert shown.exit_code == 0 and "blend weight" in shown.output and f"by {forecast['method']}" in shown.output
 
 
 def test_method_help_lists_every_forecasting_method():

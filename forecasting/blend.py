@@ -1,0 +1,80 @@
+"""`auto`'s forecast when the backtest cannot tell the best laws apart: a blend weighted by their evidence.
+
+Why a blend and not the winner alone: on many ladders two or three laws backtest within a few tenths of a
+percent of each other (Porian's IsoFLOP configurations: the best and second-best expected errors within 10%
+on most of them), and which one "wins" is then a coin toss that decides the forecast. Picking one law hides
+that the ladder does not choose; averaging the laws the evidence cannot separate is the classic remedy
+(Bayesian model averaging with the backtest as the likelihood), and its band admits the disagreement.
+
+How:
+- members: the scored, not excluded candidates of `forecasting.selection.select_method` whose expected error
+  at the target's distance is within `WITHIN` times the best one's (a law the ladder's own backtest shows
+  clearly worse gets no weight), at most `MAX_MEMBERS`;
+- weights proportional to 1 / expected_error^2 (inverse variance: the expected error is the backtest's RMS
+  error per unit distance times the target's distance);
+- the blend at each step of the first member's curve, in log space: mean = sum w_i log p_i, and a variance
+  that is the mixture's, sum w_i (sigma_i^2 + (log p_i - mean)^2), with sigma_i each member's own 95% band
+  read back as a log-normal sigma. So the blend's band is never narrower than the weighted members' bands
+  and widens when they disagree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from forecasting.forecast import BacktestResult, CurvePoint, Forecast
+
+WITHIN = 2.0
+MAX_MEMBERS = 4
+Z95 = 1.959963984540054
+
+
+def members(selection: list[dict], chosen: str) -> dict[str, float]:
+    """{method: weight} of the laws to blend ({chosen: 1.0} when nothing else is close enough)."""
+    scored = [c for c in selection if c.get("expected_error") is not None and not c.get("excluded")]
+    if not scored:
+        return {chosen: 1.0}
+    best = min(max(float(c["expected_error"]), 1e-6) for c in scored)
+    close = sorted((c for c in scored if float(c["expected_error"]) <= WITHIN * best), key=lambda c: c["expected_error"])
+    picked = {c["method"]: 1.0 / max(float(c["expected_error"]), 1e-6) ** 2 for c in close[:MAX_MEMBERS]}
+    if chosen not in picked:
+        return {chosen: 1.0}
+    total = sum(picked.values())
+    return {m: w / total for m, w in picked.items()}
+
+
+def _log_band(f: Forecast, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(log of the prediction, log-normal sigma of the 95% band) of `f` at `steps`."""
+    band = np.array([f.band_at(int(s)) for s in steps], dtype=float).reshape(-1, 3)
+    p, lo, hi = band[:, 0], np.maximum(band[:, 1], 1e-12), band[:, 2]
+    return np.log(p), np.log(hi / lo) / (2 * Z95)
+
+
+def blend(forecasts: dict[str, Forecast], weights: dict[str, float]) -> Forecast:
+    """One forecast from several of the same target (the first is the reference for steps, target and fields)."""
+    names = [m for m in forecasts if weights.get(m, 0.0) > 0]
+    if len(names) == 1:
+        return forecasts[names[0]]
+    ref = forecasts[names[0]]
+    w = np.array([weights[m] for m in names], dtype=float)
+    w = w / w.sum()
+    steps = np.array([p.step for p in ref.curve] or [ref.target.steps()], dtype=float)
+    logs, sigmas = zip(*(_log_band(forecasts[m], steps) for m in names), strict=True)
+    lp, ls = np.array(logs), np.array(sigmas)
+    mean = w @ lp
+    sigma = np.sqrt(w @ (ls**2 + (lp - mean) ** 2))
+    pred, lo, hi = np.exp(mean), np.exp(mean - Z95 * sigma), np.exp(mean + Z95 * sigma)
+    curve = [CurvePoint(step=p.step, tokens=p.tokens, flops=p.flops, loss=float(a), lo=float(b), hi=float(c))
+             for p, a, b, c in zip(ref.curve, pred, lo, hi, strict=True)] if ref.curve else []
+    spread = float(np.sqrt(w @ (lp[:, -1] - mean[-1]) ** 2))
+    backtests: list[BacktestResult] = [b for m in names for b in forecasts[m].backtest]
+    warn = [x for m in names for x in forecasts[m].warnings]
+    return Forecast(
+        target=ref.target, method="blend", inputs_fingerprint=ref.inputs_fingerprint, curve=curve,
+        final_loss=float(pred[-1]), final_loss_lo=float(lo[-1]), final_loss_hi=float(hi[-1]), level=ref.level,
+        law=" + ".join(f"{weights[m]:.2f} x {m} [{forecasts[m].law}]" for m in names),
+        params={f"{m}.{k}": v for m in names for k, v in forecasts[m].params.items()}, backtest=backtests,
+        band_terms={"members_total": float(np.sqrt(w @ ls[:, -1] ** 2)), "disagreement": spread, "total": float(sigma[-1])}
+        | {f"weight.{m}": float(weights[m]) for m in names},
+        warnings=list(dict.fromkeys(warn)),
+    )

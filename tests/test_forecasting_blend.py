@@ -1,0 +1,71 @@
+"""`auto` blends the laws its backtest cannot tell apart (forecasting.blend): weights, band, and the whole path."""
+
+import math
+
+import numpy as np
+import pytest
+
+from forecasting import blend
+from forecasting.api import TargetSpec, forecast_target
+from forecasting.forecast import CurvePoint, Forecast
+from forecasting.public_data import chinchilla_points, data_dir
+
+Z95 = 1.959963984540054
+
+
+def _forecast(method: str, losses, half_width: float) -> Forecast:
+    target = TargetSpec(name="t", params_active=1e9, tokens=2e10, num_steps=len(losses))
+    curve = [CurvePoint(step=i + 1, loss=y, lo=y * math.exp(-Z95 * half_width), hi=y * math.exp(Z95 * half_width))
+             for i, y in enumerate(losses)]
+    return Forecast(target=target, method=method, inputs_fingerprint="x", curve=curve, final_loss=curve[-1].loss,
+                    final_loss_lo=curve[-1].lo, final_loss_hi=curve[-1].hi, law=f"{method} law")
+
+
+def _cand(method, expected, **kw):
+    return {"method": method, "applicable": True, "expected_error": expected} | kw
+
+
+def test_members_are_the_laws_within_a_factor_of_the_best_weighted_by_inverse_variance():
+    sel = [_cand("overtrain", 0.010), _cand("farseer", 0.015), _cand("chinchilla", 0.025),
+           _cand("moe", 0.011, excluded="not backtested along D/N"), {"method": "compute", "applicable": False, "reason": "x"}]
+    w = blend.members(sel, "overtrain")
+    assert set(w) == {"overtrain", "farseer"}  # chinchilla is 2.5x worse; moe was excluded; compute did not apply
+    assert w["overtrain"] / w["farseer"] == pytest.approx((0.015 / 0.010) ** 2)
+    assert sum(w.values()) == pytest.approx(1.0)
+    assert blend.members([_cand("overtrain", 0.01)], "overtrain") == {"overtrain": 1.0}
+    assert blend.members([{"method": "multipower", "chosen": True}], "multipower") == {"multipower": 1.0}
+
+
+def test_the_blend_is_a_log_space_mixture_whose_band_widens_when_the_members_disagree():
+    a = _forecast("overtrain", [3.0, 2.5, 2.0], 0.01)
+    b = _forecast("farseer", [3.0, 2.5, 2.2], 0.01)
+    f = blend.blend({"overtrain": a, "farseer": b}, {"overtrain": 0.5, "farseer": 0.5})
+    assert f.method == "blend" and "overtrain" in f.law and "farseer" in f.law
+    assert f.final_loss == pytest.approx(math.sqrt(2.0 * 2.2))  # geometric mean at equal weights
+    assert f.final_loss_lo < 2.0 < 2.2 < f.final_loss_hi  # the band holds both members' points
+    # where they agree the band is theirs; where they disagree it is wider by exactly the spread of the logs
+    first = f.curve[0]
+    assert (first.hi / first.lo) == pytest.approx(math.exp(2 * Z95 * 0.01))
+    spread = 0.5 * math.log(2.2 / 2.0)
+    assert math.log(f.final_loss_hi / f.final_loss_lo) / (2 * Z95) == pytest.approx(math.hypot(0.01, spread))
+    assert f.band_terms["disagreement"] == pytest.approx(spread)
+    # a single member is that member's own forecast, untouched
+    assert blend.blend({"overtrain": a}, {"overtrain": 1.0}) is a
+
+
+def test_auto_on_epochs_chinchilla_blends_the_close_laws_and_records_their_weights():
+    t = chinchilla_points(data_dir() / "chinchilla_svg_extracted_data.csv")
+    f = forecast_target(t, TargetSpec(name="chinchilla-70b", params_active=70e9, tokens=1.4e12), n_bootstrap=10)
+    weights = {c["method"]: c["blend_weight"] for c in f.selection if c.get("blend_weight")}
+    scored = {c["method"]: c["expected_error"] for c in f.selection if c.get("expected_error") is not None and not c.get("excluded")}
+    best = min(scored.values())
+    assert f.method == "blend" and len(weights) >= 2
+    assert sum(weights.values()) == pytest.approx(1.0)
+    assert all(scored[m] <= blend.WITHIN * best for m in weights)
+    assert [c["method"] for c in f.selection if c.get("chosen")][0] in weights
+    members = {m: forecast_target(t, f.target, method=m, n_bootstrap=10) for m in weights}
+    lo = min(m.final_loss for m in members.values())
+    hi = max(m.final_loss for m in members.values())
+    assert lo <= f.final_loss <= hi
+    assert f.final_loss_hi - f.final_loss_lo >= min(m.final_loss_hi - m.final_loss_lo for m in members.values())
+    assert np.isfinite([f.final_loss_lo, f.final_loss_hi]).all() and 1.85 < f.final_loss < 2.05
