@@ -12,10 +12,11 @@ How:
   clearly worse gets no weight), at most `MAX_MEMBERS`;
 - weights proportional to 1 / expected_error^2 (inverse variance: the expected error is the backtest's RMS
   error per unit distance times the target's distance);
-- the blend at each step of the first member's curve, in log space: mean = sum w_i log p_i, and a variance
-  that is the mixture's, sum w_i (sigma_i^2 + (log p_i - mean)^2), with sigma_i each member's own 95% band
-  read back as a log-normal sigma. So the blend's band is never narrower than the weighted members' bands
-  and widens when they disagree.
+- the blend at each step of the first member's curve (the chosen law's), in log space: mean = sum w_i log p_i,
+  and a variance that is the mixture's, sum w_i (sigma_i^2 + (log p_i - mean)^2), with sigma_i each member's own
+  95% band read back as a log-normal sigma. So the blend's band never loses a member's uncertainty and widens
+  when they disagree. At a step outside a member's curve (before its first point, or anywhere but the end for a
+  final-only forecast) that member has no say and the others' weights are renormalised.
 """
 
 from __future__ import annotations
@@ -43,11 +44,17 @@ def members(selection: list[dict], chosen: str) -> dict[str, float]:
     return {m: w / total for m, w in picked.items()}
 
 
-def _log_band(f: Forecast, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(log of the prediction, log-normal sigma of the 95% band) of `f` at `steps`."""
+def _log_band(f: Forecast, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(log of the prediction, log-normal sigma of the 95% band, whether `f` speaks there) at `steps`: a forecast
+    speaks from its curve's first step to its last, and a final-only one at the final step alone (band_at would
+    hold its ends flat elsewhere, which is no prediction)."""
     band = np.array([f.band_at(int(s)) for s in steps], dtype=float).reshape(-1, 3)
     p, lo, hi = band[:, 0], np.maximum(band[:, 1], 1e-12), band[:, 2]
-    return np.log(p), np.log(hi / lo) / (2 * Z95)
+    if len(f.curve) >= 2:
+        speaks = (steps >= f.curve[0].step) & (steps <= f.curve[-1].step)
+    else:
+        speaks = steps >= steps[-1]
+    return np.log(p), np.log(hi / lo) / (2 * Z95), speaks
 
 
 def blend(forecasts: dict[str, Forecast], weights: dict[str, float]) -> Forecast:
@@ -59,14 +66,17 @@ def blend(forecasts: dict[str, Forecast], weights: dict[str, float]) -> Forecast
     w = np.array([weights[m] for m in names], dtype=float)
     w = w / w.sum()
     steps = np.array([p.step for p in ref.curve] or [ref.target.steps()], dtype=float)
-    logs, sigmas = zip(*(_log_band(forecasts[m], steps) for m in names), strict=True)
+    logs, sigmas, speaks = zip(*(_log_band(forecasts[m], steps) for m in names), strict=True)
     lp, ls = np.array(logs), np.array(sigmas)
-    mean = w @ lp
-    sigma = np.sqrt(w @ (ls**2 + (lp - mean) ** 2))
+    # per step, the weights of the members that speak there (the first, the chosen law, speaks at every step)
+    ws = w[:, None] * np.array(speaks, dtype=float)
+    ws = ws / ws.sum(axis=0)
+    mean = np.sum(ws * lp, axis=0)
+    sigma = np.sqrt(np.sum(ws * (ls**2 + (lp - mean) ** 2), axis=0))
     pred, lo, hi = np.exp(mean), np.exp(mean - Z95 * sigma), np.exp(mean + Z95 * sigma)
     curve = [CurvePoint(step=p.step, tokens=p.tokens, flops=p.flops, loss=float(a), lo=float(b), hi=float(c))
              for p, a, b, c in zip(ref.curve, pred, lo, hi, strict=True)] if ref.curve else []
-    spread = float(np.sqrt(w @ (lp[:, -1] - mean[-1]) ** 2))
+    spread = float(np.sqrt(ws[:, -1] @ (lp[:, -1] - mean[-1]) ** 2))
     backtests: list[BacktestResult] = [b for m in names for b in forecasts[m].backtest]
     warn = [x for m in names for x in forecasts[m].warnings]
     return Forecast(
@@ -74,7 +84,7 @@ def blend(forecasts: dict[str, Forecast], weights: dict[str, float]) -> Forecast
         final_loss=float(pred[-1]), final_loss_lo=float(lo[-1]), final_loss_hi=float(hi[-1]), level=ref.level,
         law=" + ".join(f"{weights[m]:.2f} x {m} [{forecasts[m].law}]" for m in names),
         params={f"{m}.{k}": v for m in names for k, v in forecasts[m].params.items()}, backtest=backtests,
-        band_terms={"members_total": float(np.sqrt(w @ ls[:, -1] ** 2)), "disagreement": spread, "total": float(sigma[-1])}
+        band_terms={"members_total": float(np.sqrt(ws[:, -1] @ ls[:, -1] ** 2)), "disagreement": spread, "total": float(sigma[-1])}
         | {f"weight.{m}": float(weights[m]) for m in names},
         warnings=list(dict.fromkeys(warn)),
     )

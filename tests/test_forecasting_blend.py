@@ -69,3 +69,13 @@ def test_auto_on_epochs_chinchilla_blends_the_close_laws_and_records_their_weigh
     assert lo <= f.final_loss <= hi
     assert f.final_loss_hi - f.final_loss_lo >= min(m.final_loss_hi - m.final_loss_lo for m in members.values())
     assert np.isfinite([f.final_loss_lo, f.final_loss_hi]).all() and 1.85 < f.final_loss < 2.05
+
+
+def test_a_member_speaks_only_where_it_has_a_curve():
+    early = _forecast("matched_progress", [3.0, 2.5, 2.0], 0.01)
+    final_only = _forecast("chinchilla", [2.2], 0.01)
+    final_only = final_only.model_copy(update={"target": early.target, "curve": [final_only.curve[0].model_copy(update={"step": 3})]})
+    f = blend.blend({"matched_progress": early, "chinchilla": final_only}, {"matched_progress": 0.5, "chinchilla": 0.5})
+    # before the end only matched progress has a curve: its points, untouched by the final-only law's 2.2
+    assert [p.loss for p in f.curve[:2]] == pytest.approx([3.0, 2.5])
+    assert f.final_loss == pytest.approx(math.sqrt(2.0 * 2.2))
