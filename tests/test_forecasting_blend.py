@@ -79,3 +79,12 @@ def test_a_member_speaks_only_where_it_has_a_curve():
     # before the end only matched progress has a curve: its points, untouched by the final-only law's 2.2
     assert [p.loss for p in f.curve[:2]] == pytest.approx([3.0, 2.5])
     assert f.final_loss == pytest.approx(math.sqrt(2.0 * 2.2))
+
+
+def test_the_weights_reported_are_those_used_when_a_member_dropped_out():
+    a = _forecast("overtrain", [3.0, 2.5, 2.0], 0.01)
+    b = _forecast("farseer", [3.0, 2.5, 2.2], 0.01)
+    # weights as members() gave them for three laws, one of which then failed on the whole table
+    f = blend.blend({"overtrain": a, "farseer": b}, {"overtrain": 0.3, "farseer": 0.3, "chinchilla": 0.4})
+    assert f.band_terms["weight.overtrain"] == pytest.approx(0.5) and "chinchilla" not in f.law
+    assert f.final_loss == pytest.approx(math.sqrt(2.0 * 2.2))
