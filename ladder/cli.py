@@ -630,7 +630,7 @@ def _print_forecast(forecast, where: str | None) -> None:
         console.print(table)
     for result in forecast.backtest:
         held = ", ".join(result.held_out[:6]) + (f" and {len(result.held_out) - 6} more" if len(result.held_out) > 6 else "")
-        console.print(f"backtest ({result.kind}) on this ladder: rms error {result.rms_rel_error:.2%}, worst {result.max_abs_rel_error:.2%} "
+        console.print(f"backtest of {result.method} ({result.kind}) on this ladder: rms error {result.rms_rel_error:.2%}, worst {result.max_abs_rel_error:.2%} "
                       f"over {result.distance:.2f} units of extrapolation ({held})")
     if forecast.selection:
         _print_selection(forecast.selection)

@@ -65,9 +65,13 @@ def test_auto_on_an_over_trained_target_shows_its_backtest_along_tokens_per_para
     truth = 1.8 + 400 / n**0.34 + 2000 / d**0.37
     assert forecast["final_loss_lo"] <= truth <= forecast["final_loss_hi"]
     weights = [c["blend_weight"] for c in forecast["selection"] if c.get("blend_weight")]
-    assert (forecast["method"] == "blend") == bool(weights) and (not weights or abs(sum(weights) - 1) < 1e-9)
+    # on this ladder three surfaces backtest within 2x of each other along D/N: auto blends them
+    assert forecast["method"] == "blend" and len(weights) >= 2 and abs(sum(weights) - 1) < 1e-9
     shown = runner.invoke(app, ["forecast", table, "--params-active", str(n), "--tokens", str(d), "--n-bootstrap", "20"])
     assert shown.exit_code == 0 and "blend weight" in shown.output and f"by {forecast['method']}" in shown.output
+    for c in forecast["selection"]:  # each blended law's own backtest is shown under its name
+        if c.get("blend_weight"):
+            assert f"backtest of {c['method']} (compute)" in shown.output
 
 
 def test_method_help_lists_every_forecasting_method():
