@@ -539,7 +539,11 @@ def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, target_flops: fl
     n = np.sum(np.isfinite(vals), axis=0)
     wv = np.where(np.isfinite(vals), w[:, None], 0.0)
     mean = np.nansum(np.nan_to_num(vals) * wv, axis=0) / np.maximum(wv.sum(axis=0), 1e-300)
-    spread = np.where(n >= 2, np.nanstd(vals, axis=0, ddof=min(1, len(per_run) - 1)) if len(per_run) > 1 else 0.0, np.abs(mean) * 0.5)
+    std = np.zeros(len(grid))
+    several = n >= 2  # a fraction only one rung reached has no spread to measure (nanstd would warn there)
+    if several.any():
+        std[several] = np.nanstd(vals[:, several], axis=0, ddof=1)
+    spread = np.where(several, std, np.abs(mean) * 0.5)
     spread = np.nan_to_num(spread, nan=0.0)
     keep = n > 0
     return ScheduleOffsets(grid=np.exp(grid[keep]), mean=mean[keep], spread=spread[keep], n_runs=n[keep])
