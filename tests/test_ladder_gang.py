@@ -319,7 +319,7 @@ def test_a_frozen_member_trips_the_hang_watchdog_and_the_gang_restarts(tmp_path)
     """SIGSTOP of rank 1 mid-run: nobody exits, rank 0 waits in a collective; with hang_timeout_s=15 the
     controller sees no metrics line for 15 s, tears the gang down (SIGKILL reaches the stopped process)
     and restarts it from the newest checkpoint; the run finishes."""
-    experiment, root = _experiment(tmp_path, num_steps=40, hang_timeout=15.0), tmp_path / "root"
+    experiment, root = _experiment(tmp_path, num_steps=40, hang_timeout=45.0), tmp_path / "root"
     process = subprocess.Popen([sys.executable, "-m", "ladder.cli", "submit", str(experiment), "--root", str(root), "two-process"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True)
     frozen, output = _signal_rank_and_finish(process, root, rank=1, at_step=12, sig=signal.SIGSTOP)
