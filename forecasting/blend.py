@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from forecasting.final_laws import Z95
 from forecasting.forecast import BacktestResult, CurvePoint, Forecast
 
 WITHIN = 2.0
 MAX_MEMBERS = 4
-Z95 = 1.959963984540054
 
 
 def members(selection: list[dict], chosen: str) -> dict[str, float]:
