@@ -21,13 +21,16 @@ turned into a forecast the same way; only the formula differs.
 - Nothing backtestable (too few runs): the extrapolation term is `PRIOR_RATE` per unit distance, the
   error per decade measured for final laws on the public backtest suite (BENCHMARKS.md), and the
   forecast says so.
-- Curves: a final law predicts fully trained runs. Along a run, the loss at progress g is the law at
-  the tokens seen so far plus an offset for the schedule state (not yet annealed); that offset is
-  measured on the rungs' own curves, relative to their final point (`ScheduleOffsets`), so the final
-  loss stays the law's and the curve inherits the recipe's schedule. Its band adds the offsets' spread
-  across rungs, and its extrapolation term at progress g is never less than the law's backtest error on the
-  held-out rungs' own curves at g (`curve_rate_by_fraction`): how well it drew their early curves, not only
-  their final points.
+- Curves: a final law predicts fully trained runs; the shape of the curve before the end comes from the rungs'
+  own curves, as a scaling collapse (Qiu et al. 2025): the reducible loss L(g) - E at progress g, divided by
+  the run's own final reducible loss, is one curve for runs of one recipe, so the target's loss at g is
+  E + (law's final - E) times the rungs' ratio at g (`ScheduleOffsets`, E the law's own irreducible term). So
+  the final loss stays the law's and the curve inherits the recipe's schedule, and the law is never asked
+  about the tokens seen early in a run, far below the ladder's tokens per parameter (evaluating a surface
+  there, as an earlier version did, put the Multi-Power cross-size curves 71% off on average and the
+  data-constrained ones 11%; BENCHMARKS.md). Its band adds the ratios' spread across rungs, and its
+  extrapolation term at progress g is never less than the law's backtest error on the held-out rungs' own
+  curves at g (`curve_rate_by_fraction`): how well it drew their early curves, not only their final points.
 """
 
 from __future__ import annotations
@@ -478,12 +481,13 @@ def fit_spread(law: str, final: pd.DataFrame, model: FinalModel, pts: dict, n_bo
 
 @dataclass
 class ScheduleOffsets:
-    """log L(g) - log L(1) minus the law's own decline from g*D to D, per rung, on a grid of fractions."""
+    """log(L(g) - E) - log(L(1) - E) per rung (the collapsed reducible loss), on a grid of fractions g."""
 
     grid: np.ndarray
     mean: np.ndarray
     spread: np.ndarray
     n_runs: np.ndarray
+    floor: float = 0.0  # E: the irreducible loss the ratios are taken above
 
     def at(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         lg = np.log(np.clip(g, 1e-6, 1.0))
@@ -501,29 +505,35 @@ class ScheduleOffsets:
 
 
 OFFSET_SCALE_DECADES = 0.5
+MIN_REDUCIBLE = 0.01  # a point at or below the law's E counts as 1% of its loss above it (E is a fit, not a bound)
+
+
+def _reducible(loss: np.ndarray, floor: float) -> np.ndarray:
+    return np.maximum(loss - floor, MIN_REDUCIBLE * loss)
 
 
 def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, target_flops: float | None = None,
                      min_points: int = 3) -> ScheduleOffsets | None:
-    """Offsets from the rungs' whole curves (runs with >= min_points evals and a fraction column), or None.
+    """Collapsed curves of the rungs (runs with >= min_points evals and a fraction column), or None.
 
-    The target's offset is the rungs' mean weighted by nearness in compute (exp(-decades / 0.5)): the shape
-    of a curve changes along a ladder, and the nearest rungs carry the target's best; the spread is the
-    plain spread across all rungs (how much the shape moves along the ladder), so the band says how much
-    that choice could be off.
+    The target's ratio is the rungs' mean weighted by nearness in compute (exp(-decades / 0.5)): where the
+    collapse is imperfect the shape drifts along a ladder, and the nearest rungs carry the target's best; the
+    spread is the plain spread across all rungs (how much the shape moves along the ladder), so the band says
+    how much that choice could be off.
     """
     if not {"fraction", "tokens"} <= set(table.columns):
         return None
+    floor = float(model.params.get("E", 0.0))
     per_run, run_flops = [], []
     for _, c in table.sort_values("step").groupby("run"):
         c = c[c["fraction"] > 0]
         if len(c) < min_points or c["fraction"].iloc[-1] < FINISHED:
             continue
-        pts = points_of(c.assign(run_flops=c["flops"]) if "flops" in c.columns else c.assign(run_flops=6 * c["params_active"] * c["tokens"]))
-        law = np.log(model.predict(pts))
-        obs = np.log(c["loss"].to_numpy(float))
-        per_run.append((np.log(c["fraction"].to_numpy(float)), (obs - obs[-1]) - (law - law[-1])))
-        run_flops.append(float(pts["flops"][-1] / c["fraction"].iloc[-1]))
+        reducible = np.log(_reducible(c["loss"].to_numpy(float), floor))
+        per_run.append((np.log(c["fraction"].to_numpy(float)), reducible - reducible[-1]))
+        last = c.iloc[-1]
+        flops = last["flops"] if "flops" in c.columns else 6 * last["params_active"] * last["tokens"]
+        run_flops.append(float(flops / last["fraction"]))
     if not per_run:
         return None
     if target_flops is None:
@@ -546,21 +556,22 @@ def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, target_flops: fl
     spread = np.where(several, std, np.abs(mean) * 0.5)
     spread = np.nan_to_num(spread, nan=0.0)
     keep = n > 0
-    return ScheduleOffsets(grid=np.exp(grid[keep]), mean=mean[keep], spread=spread[keep], n_runs=n[keep])
+    return ScheduleOffsets(grid=np.exp(grid[keep]), mean=mean[keep], spread=spread[keep], n_runs=n[keep], floor=floor)
 
 
 def curve_prediction(model: FinalModel, target: TargetSpec, steps: np.ndarray, offsets: ScheduleOffsets | None) -> tuple[np.ndarray, np.ndarray]:
-    """(predicted loss, extra relative sigma of the shape) at `steps` of the target: the law at the tokens
-    seen by each step, times the rungs' schedule offset at that progress (1 at the final step)."""
+    """(predicted loss, extra relative sigma of the shape) at `steps` of the target: E + (the law's final - E)
+    times the rungs' collapsed ratio at that progress (1 at the final step); the law's final alone without
+    rung curves."""
     g = np.asarray(steps, dtype=float) / target.steps()
-    pts = {k: np.full(len(g), v[0]) for k, v in target_point(target).items()}
-    pts["tokens"] = pts["tokens"] * g
-    pts["flops"] = pts["flops"] * g
-    law = np.log(model.predict(pts))
+    final = float(model.predict(target_point(target))[0])
     if offsets is None:
-        return np.exp(law), np.zeros(len(g))
+        return np.full(len(g), final), np.zeros(len(g))
     off, spread = offsets.at(g)
-    return np.exp(law + off), spread
+    reducible = _reducible(np.array([final]), offsets.floor)[0]
+    pred = final - reducible + reducible * np.exp(off)
+    # the ratios' spread is in log reducible loss; the band is in log loss: d log L = (L - E) / L d log(L - E)
+    return pred, spread * (pred - (final - reducible)) / pred
 
 
 # ---------------------------------------------------------------- the forecast
