@@ -510,9 +510,38 @@ def forecast_target(
                 for c in selection:
                     c["chosen"] = c["method"] == order[i + 1] or None
         f = _blend_close_candidates(table, target, f, selection, n_bootstrap, seed, dup_warn)
-    f.warnings = dup_warn + f.warnings
+    f.warnings = dup_warn + f.warnings + [w for w in [learning_rate_mismatch(table, target)] if w]
     f.selection = selection
     return f
+
+
+LR_MISMATCH = 2.0  # a target whose peak LR is 2x off the rungs' trend is on another recipe
+
+
+def learning_rate_mismatch(table: pd.DataFrame, target: TargetSpec) -> str | None:
+    """A warning when the target's peak LR is LR_MISMATCH times or more off what the rungs' peak LRs give at its size
+    (their trend in log N, or their mean when they share one size), else None; a schedule normalised to peak 1 is
+    not compared.
+
+    Why: every method here assumes the rungs and the target share a recipe, and the LR is the part of a recipe
+    that moves the shape of a curve most (a lower peak LR anneals less); a ladder cannot see what the target's
+    other LR will do, so the forecast says so. Marin's 535B hero ran at a peak LR about 4x below its rungs'.
+    """
+    if target.lr is None or "lr" not in table.columns or "params_active" not in table.columns:
+        return None
+    runs = table.groupby("run").agg(lr=("lr", "max"), n=("params_active", "first")).dropna()
+    runs = runs[runs["lr"] > 0]
+    peak = float(np.max(target.lr))
+    if len(runs) < 2 or peak <= 0 or math.isclose(peak, 1.0):  # a schedule normalised to peak 1 carries its shape only
+        return None
+    x, y = np.log(runs["n"].to_numpy(float)), np.log(runs["lr"].to_numpy(float))
+    expected = float(np.exp(np.polyval(np.polyfit(x, y, 1), math.log(target.params_active)))) if np.ptp(x) > 0 else float(np.exp(y.mean()))
+    ratio = peak / expected
+    if 1 / LR_MISMATCH < ratio < LR_MISMATCH:
+        return None
+    return (f"the target's peak LR {peak:.3g} is {max(ratio, 1 / ratio):.1f}x {'below' if ratio < 1 else 'above'} what the "
+            f"rungs' peak LRs ({runs['lr'].min():.3g}-{runs['lr'].max():.3g}) give at its size ({expected:.3g}): the forecast assumes "
+            "one recipe, and another LR moves the curve's shape (and its end) by more than the band counts")
 
 
 def _blend_close_candidates(table: pd.DataFrame, target: TargetSpec, chosen: Forecast, selection: list[dict], n_boot: int,

@@ -110,3 +110,13 @@ def test_forecast_json_round_trip(ladder_forecast):
     assert back.band_at(20999) == ladder_forecast.band_at(20999)
     summary = back.summary()
     assert {"final_loss", "final_loss_lo", "final_loss_hi"} <= set(summary)
+
+
+def test_a_hero_on_another_learning_rate_than_its_rungs_is_named():
+    from forecasting.suite import load_marin
+
+    table, target, _ = load_marin()  # the hero's schedule at its own peak LR, 0.0033 (the rungs ran at 0.013-0.016)
+    warning = next(w for w in forecast_target(table, target, n_bootstrap=10).warnings if "peak LR" in w)
+    assert "3.5x below" in warning, warning
+    on_trend = target.model_copy(update={"lr": list(np.asarray(target.lr) * 0.0115 / max(target.lr))})
+    assert not any("peak LR" in w for w in forecast_target(table, on_trend, n_bootstrap=10).warnings)
