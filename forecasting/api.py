@@ -11,7 +11,9 @@ forecasting.final_laws, the same terms in log space):
 - extrapolation in compute: the method's own backtest error on this ladder, per decade of compute
   extrapolated (fit the smaller runs, predict the larger), times the target's distance in decades
   beyond the largest run. This is what lets a band admit that the ladder cannot see changes between
-  the rungs and the target; it is measured, never a constant,
+  the rungs and the target; it is measured, never a constant. A backtest's error already holds the fit's
+  sampling spread (it refits on fewer runs), so of these two terms only the larger counts
+  (`final_laws.band_total`); a prior rate in its place is added to the bootstrap,
 - extrapolation below the first progress fraction the ladder logged (matched progress only): the
   extension rule's own error on the rungs, per unit of ln g, times the distance in ln g.
 
@@ -624,7 +626,8 @@ def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: 
             sig["below_first_fraction"] = rate_g * below
         else:
             warn.append("the early curve (below the ladder's first logged fraction) has no backtest; band there too narrow")
-    lo, hi, total = _band(pred, sig)
+    total = fl.band_total(sig, fit="bootstrap", backtest="compute_extrapolation")
+    lo, hi = pred * (1 - Z95 * total), pred * (1 + Z95 * total)
     final = float(pred[-1])
     params = {
         "E": percentile_interval(np.array([x[1] for x in boot]), fit.E) if boot else _no_interval(fit.E),

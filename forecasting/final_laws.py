@@ -17,7 +17,8 @@ turned into a forecast the same way; only the formula differs.
 - Uncertainty of the fit: bootstrap over runs when there are at least two runs more than parameters
   (within each model size when every size has several runs, so no redraw loses a size); otherwise a parametric bootstrap (refits on the losses perturbed by the fit's residual scatter, never
   less than `NOISE_FLOOR`, the seed-to-seed spread of a final eval), because resampling three runs
-  only redraws the same three runs.
+  only redraws the same three runs. With a backtest, the band takes the larger of this spread and the
+  backtest's term, not both (`band_total`: the backtest's refits on fewer runs already hold it).
 - Nothing backtestable (too few runs): the extrapolation term is `PRIOR_RATE` per unit distance, the
   error per decade measured for final laws on the public backtest suite (BENCHMARKS.md), and the
   forecast says so.
@@ -378,6 +379,20 @@ def run_target(curve: pd.DataFrame, last: pd.Series) -> TargetSpec:
                       unique_tokens=float(last["unique_tokens"]) if "unique_tokens" in last.index else None)
 
 
+def band_total(rel: dict[str, np.ndarray], *, fit: str, backtest: str) -> np.ndarray:
+    """The band's total relative sigma: its terms in quadrature, except the fit's own spread and the backtest's
+    measured error, of which only the larger counts.
+
+    Why not both: the backtest refits the law on fewer runs and measures how far off it was, so its error already
+    holds the fit's sampling spread (at a smaller ladder than the forecast's); adding the bootstrap on top counts
+    that spread twice. With no backtest (a prior rate in its place) the two are independent and both count.
+    """
+    terms = dict(rel)
+    if fit in terms and backtest in terms:
+        terms[backtest] = np.maximum(terms.pop(fit), terms[backtest])
+    return np.sqrt(sum(np.square(v) for v in terms.values()))
+
+
 def small_sample_factor(n_held_out: int) -> float:
     """t_{0.975}(n + 2) / 1.96: an error scale measured on n held-out runs (plus two pseudo-runs of prior) is itself
     uncertain; with 1 run this widens the extrapolation term 1.6x, with 10 runs 1.1x, with 100 not at all."""
@@ -639,7 +654,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
             rel["extrapolation"] = np.where(steps < T, along, rel["extrapolation"])
         except FitError as e:
             warn.append(f"no curve backtest of {law} on this ladder ({e}): the curve band uses the final-loss backtest alone")
-    total = np.sqrt(sum(np.square(v) for v in rel.values()))
+    total = band_total(rel, fit="fit", backtest="extrapolation")
     lo, hi = pred * np.exp(-Z95 * total), pred * np.exp(Z95 * total)  # in log space: a wide band stays positive
     if tokens_per_param_spread(final) < 0.05 and {"params_active", "tokens"} <= set(final.columns):
         m_runs = float(np.median(final["tokens"] / final["params_active"]))

@@ -318,3 +318,19 @@ def test_one_size_per_budget_or_one_size_at_a_budget_is_no_blind_spot_for_the_co
     # two runs of one size at one budget (say two schedules) that end apart: still nothing a size could explain
     twins = _final_table([2e7, 2e7, 5e7, 1e8], 20.0).assign(loss=[3.0, 3.1, 2.9, 2.8])
     assert fl.compute_law_blind_spot(fl.final_points(twins)) is None
+
+
+def test_the_band_counts_the_fit_s_spread_once_when_a_backtest_measured_it():
+    sizes = [2e4, 4e4, 8e4, 1.6e5, 3.2e5, 6.4e5, 1.28e6]
+    table = _grid_table(sizes, [5.0, 20.0])
+    target = TargetSpec(name="hero", params_active=5e6, tokens=20 * 5e6)
+    f = forecast_target(table, target, method="overtrain", n_bootstrap=30)
+    terms = f.band_terms
+    assert {"fit", "extrapolation"} <= set(terms), terms
+    # the backtest refitted the law on fewer runs: its error holds the fit's spread, so only the larger counts
+    assert terms["total"] == pytest.approx(max(terms["fit"], terms["extrapolation"]), rel=1e-9)
+    # with nothing to backtest, the prior rate and the fit's spread are independent and both count
+    few = forecast_target(_final_table([6e3, 1.4e4, 2.5e4], 8.0), TargetSpec(name="hero", params_active=5.5e4, tokens=4.4e5),
+                          method="compute", n_bootstrap=30)
+    assert {"fit", "extrapolation_prior"} <= set(few.band_terms), few.band_terms
+    assert few.band_terms["total"] == pytest.approx(math.hypot(few.band_terms["fit"], few.band_terms["extrapolation_prior"]), rel=1e-9)

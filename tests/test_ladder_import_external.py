@@ -218,8 +218,10 @@ def test_the_hero_forecast_from_imported_runs_holds_the_law(exp, imported):
     truth = law(exp, HERO, exp.dag[HERO].derived.num_steps)
     chosen = [c["method"] for c in forecast["selection"] if c.get("chosen")]
     blended = {c["method"] for c in forecast["selection"] if c.get("blend_weight")}
-    assert chosen == ["matched_progress"]  # the imported rungs carry whole curves
-    assert forecast["method"] == "matched_progress" or (forecast["method"] == "blend" and "matched_progress" in blended)
+    # the imported rungs carry whole curves: matched progress and the compute law's collapsed curve both use them, and
+    # their backtests on these rungs are within 2x of each other (5.7% and 5.1% expected), so the forecast blends them
+    assert chosen in (["matched_progress"], ["compute"])
+    assert forecast["method"] == chosen[0] or (forecast["method"] == "blend" and blended == {"matched_progress", "compute"})
     assert forecast["final_loss_lo"] < truth < forecast["final_loss_hi"]
     assert forecast["final_loss"] == pytest.approx(truth, rel=0.03)
 
