@@ -28,8 +28,8 @@ turned into a forecast the same way; only the formula differs.
   E + (law's final - E) times the rungs' ratio at g (`ScheduleOffsets`, E the law's own irreducible term). So
   the final loss stays the law's and the curve inherits the recipe's schedule, and the law is never asked
   about the tokens seen early in a run, far below the ladder's tokens per parameter (evaluating a surface
-  there, as an earlier version did, put the Multi-Power cross-size curves 71% off on average and the
-  data-constrained ones 11%; BENCHMARKS.md). Its band adds the ratios' spread across rungs, and its
+  there, as an earlier version did, drew Chinchilla's Multi-Power cross-size curves 61% off on average and
+  the data-constrained law's curves 11%; BENCHMARKS.md). Its band adds the ratios' spread across rungs, and its
   extrapolation term at progress g is never less than the law's backtest error on the held-out rungs' own
   curves at g (`curve_rate_by_fraction`): how well it drew their early curves, not only their final points.
 """

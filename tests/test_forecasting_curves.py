@@ -3,7 +3,7 @@
 The shape of a target's curve comes from the rungs' reducible loss (L(g) - E) relative to their own final, a
 scaling collapse (forecasting.final_laws). It must not come from the law evaluated at the tokens seen early in
 the target's run, far below the ladder's tokens per parameter: a surface fitted on final points knows nothing
-there (on the Multi-Power cross-size split Chinchilla's surface drew curves 71% off on average that way).
+there (on the Multi-Power cross-size split Chinchilla's surface drew curves 61% off on average that way).
 """
 
 import numpy as np
@@ -57,7 +57,7 @@ def test_a_surface_draws_a_larger_model_s_curve_from_the_rungs_shape_not_its_own
     f = forecast_target(split.train, held.target, method="chinchilla", n_bootstrap=10)
     scored = suite.score_forecast(f, held)
     err = scored["rel_error"].abs()
-    # drawn from the surface at the tokens seen, the same curve was 71% off on average (1,112% at worst)
+    # drawn from the surface at the tokens seen, the split's curves were 61% off on average (1,112% at the worst eval)
     assert err.mean() < 0.03, err.describe()
     assert err.max() < 0.15, err.describe()
     assert scored["covered"].mean() >= 0.9
