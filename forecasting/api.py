@@ -468,8 +468,10 @@ def _curve_steps(num_steps: int, extra_fractions: Sequence[float] = ()) -> np.nd
     return np.unique(np.clip(np.round(np.r_[geo, lin, fr]), 1, num_steps).astype(int))
 
 
-def _band(pred: np.ndarray, rel_sigmas: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    total = np.sqrt(sum(np.square(v) for v in rel_sigmas.values()))
+def _band(pred: np.ndarray, rel_sigmas: dict[str, np.ndarray], *, fit: str | None = None,
+          backtest: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lo, hi, total sigma): the terms in quadrature, the `fit` and `backtest` ones as `final_laws.band_total` counts them."""
+    total = fl.band_total(rel_sigmas, fit=fit, backtest=backtest)
     return pred * (1 - Z95 * total), pred * (1 + Z95 * total), total
 
 
@@ -626,8 +628,7 @@ def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: 
             sig["below_first_fraction"] = rate_g * below
         else:
             warn.append("the early curve (below the ladder's first logged fraction) has no backtest; band there too narrow")
-    total = fl.band_total(sig, fit="bootstrap", backtest="compute_extrapolation")
-    lo, hi = pred * (1 - Z95 * total), pred * (1 + Z95 * total)
+    lo, hi, total = _band(pred, sig, fit="bootstrap", backtest="compute_extrapolation")
     final = float(pred[-1])
     params = {
         "E": percentile_interval(np.array([x[1] for x in boot]), fit.E) if boot else _no_interval(fit.E),

@@ -379,7 +379,7 @@ def run_target(curve: pd.DataFrame, last: pd.Series) -> TargetSpec:
                       unique_tokens=float(last["unique_tokens"]) if "unique_tokens" in last.index else None)
 
 
-def band_total(rel: dict[str, np.ndarray], *, fit: str, backtest: str) -> np.ndarray:
+def band_total(rel: dict[str, np.ndarray], *, fit: str | None, backtest: str | None) -> np.ndarray:
     """The band's total relative sigma: its terms in quadrature, except the fit's own spread and the backtest's
     measured error, of which only the larger counts.
 
