@@ -387,7 +387,7 @@ def _annealing_areas(lr: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray
 # ----------------------------------------------------------------------------------------------
 
 
-def _validate_curves(curves: Sequence[CurveData], what: str) -> list[CurveData]:
+def _validate_curves(curves: Sequence[CurveData], what: str, n_params: int = 7) -> list[CurveData]:
     curves = list(curves)
     if not curves:
         raise ValueError(f"{what}: no curves given.")
@@ -401,8 +401,8 @@ def _validate_curves(curves: Sequence[CurveData], what: str) -> list[CurveData]:
             "final-loss law instead."
         )
     n_points = sum(c.steps.size for c in curves)
-    if n_points < 20:
-        raise ValueError(f"{what}: {n_points} logged points in all; need at least 20 to fit 7 parameters.")
+    if n_points < 2 * n_params + 6:
+        raise ValueError(f"{what}: {n_points} logged points in all; need at least {2 * n_params + 6} to fit {n_params} parameters.")
     if len(curves) == 1:
         warnings.warn(
             f"{what}: fitting on a single curve; the schedule-dependent parameters rest on one schedule and "
@@ -594,7 +594,7 @@ def fit_multipower(
 def fit_lr_annealing(curves: Sequence[CurveData], *, lam: float = 0.999, seed: int = 0, n_starts: int = 1) -> LRAnnealingLaw:
     """Fit Tissue et al.'s law: scan alpha with (L0, A, C) by non-negative least squares, then Huber-polish."""
     del seed, n_starts  # deterministic: a dense alpha scan replaces random starts
-    curves = _validate_curves(curves, "fit_lr_annealing")
+    curves = _validate_curves(curves, "fit_lr_annealing", n_params=4)
     s1 = np.concatenate([_annealing_areas(c.lr, lam)[0][c.steps - 1] for c in curves])
     s2 = np.concatenate([_annealing_areas(c.lr, lam)[1][c.steps - 1] for c in curves])
     loss = np.concatenate([c.loss for c in curves])
@@ -710,7 +710,7 @@ def bootstrap_lr_annealing(
     min_curves_for_curve_resampling: int = 4, block_fraction: float = 0.1,
 ) -> list[LRAnnealingLaw]:
     """Same resampling scheme as ``bootstrap_multipower`` for the LR-annealing law."""
-    curves = _validate_curves(curves, "bootstrap_lr_annealing")
+    curves = _validate_curves(curves, "bootstrap_lr_annealing", n_params=4)
     if point is None:
         point = fit_lr_annealing(curves)
     lam = point.lam
