@@ -405,13 +405,13 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
 
 def _fit_ladder_surface(table: pd.DataFrame, law: str, n_bootstrap: int, seed: int, warn: list[str]) -> LadderFit:
     """fit_ladder for the surfaces of forecasting.surfaces (and Chinchilla's, refused when D/N never varies)."""
-    final = fl.final_points(table, warn)
+    final = fl.fit_frame(law, table, warn=warn)
     reason = fl.applicable(law, final)
     if reason:
         raise FitError(f"the {law} law cannot be fitted to this ladder: {reason}")
     model = fl.fit_final(law, final)
-    pts = fl.points_of(final)
-    top = len(final) - 1  # final_points sorts by compute
+    pts = fl.points_of(fl.runs_of(final))
+    top = len(fl.runs_of(final)) - 1  # final_points sorts by compute
     reps, kind = fl.replicates(law, final, model, n_bootstrap, seed)
     params = {k: percentile_interval(np.array([r.params[k] for r in reps]), v) for k, v in model.params.items()}
     top_preds = [float(r.predict({k: v[top:top + 1] for k, v in pts.items()})[0]) for r in reps]
@@ -422,9 +422,10 @@ def _fit_ladder_surface(table: pd.DataFrame, law: str, n_bootstrap: int, seed: i
         warn.append("tokens per parameter do not vary across the runs: the data exponent is not identified separately "
                     "from the size exponent (the over-training form ties them)")
     pred = model.predict(pts)
+    runs = fl.runs_of(final)
     return LadderFit(
-        law=law, formula=model.formula, params=params, residuals=_residuals(final, pred), n_runs=len(final),
-        n_points=len(final), n_bootstrap=len(reps), **_final_fields(str(final["run"].iloc[top]), float(pred[top]), top_preds),
+        law=law, formula=model.formula, params=params, residuals=_residuals(runs, pred), n_runs=len(runs),
+        n_points=len(final), n_bootstrap=len(reps), **_final_fields(str(runs["run"].iloc[top]), float(pred[top]), top_preds),
         warnings=warn,
     )
 

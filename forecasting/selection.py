@@ -113,8 +113,13 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
         key = ("mp_backtest", fl._key(table), curves)
         cands.append(_evidence("matched_progress", lambda: fl._cached(key, lambda: backtest_matched_progress(table, curves=curves)), tp, ref))
     dn = None if final is None or len(final) == 0 else fl.tokens_per_param_direction(final, target)
+    frames: dict[str, pd.DataFrame] = {}
     for law in fl.FINAL_LAWS:
-        reason = "no finished run" if final is None or len(final) == 0 else fl.applicable(law, final)
+        if final is None or len(final) == 0:
+            cands.append({"method": law, "applicable": False, "reason": "no finished run"})
+            continue
+        frames[law] = frame = fl.fit_frame(law, table, dn)  # final points, and checkpoints where they backtest better
+        reason = fl.applicable(law, frame)
         if not reason and law == "compute":
             reason = fl.compute_law_blind_spot(final)
         if reason:
@@ -122,12 +127,15 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
         elif curves:
             cands.append(_evidence(law, lambda law=law: fl.backtest_law_curves(law, table, dn=dn), tp, ref))
         else:
-            cands.append(_evidence(law, lambda law=law: fl.backtest_law(law, final, dn=dn), tp, ref))
+            cands.append(_evidence(law, lambda law=law, frame=frame: fl.backtest_law(law, frame, dn=dn), tp, ref))
+        choice = fl.checkpoint_choice(law, table, dn)
+        if choice["points"]:
+            cands[-1]["checkpoints"] = choice
     for c in cands:
         c["scored_on"] = "every eval of the held-out runs" if curves else "the held-out runs' final losses"
     scored = [c for c in cands if c.get("expected_error") is not None]
     for c in scored:  # reported, not used to choose (BENCHMARKS.md: excluding them measured worse as a whole)
-        bounds = _fit_at_bounds(c["method"], final)
+        bounds = _fit_at_bounds(c["method"], frames.get(c["method"]))
         if bounds:
             c["fit_at_bounds"] = bounds
     if dn is not None and any(c.get("tokens_per_param_points") for c in scored):
@@ -167,8 +175,9 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
 
 
 def _fit_at_bounds(method: str, final: pd.DataFrame | None) -> list[str]:
-    """Parameters a surface law's fit on every finished run sits on a bound of (the same cached fit the forecast
-    uses); [] for the other methods or when the fit fails (the forecast then reports that)."""
+    """Parameters a surface law's fit on every finished run (and its checkpoints, when the law uses them) sits on a
+    bound of (the same cached fit the forecast uses); [] for the other methods or when the fit fails (the forecast
+    then reports that)."""
     if method not in fl.SURFACES or final is None:
         return []
     try:

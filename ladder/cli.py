@@ -813,6 +813,9 @@ def _print_selection(candidates: list[dict]) -> None:
         note = "chosen" if c.get("chosen") else (c.get("excluded") or c.get("reason") or "")
         if c.get("fit_at_bounds"):
             note += f" (its fit sits on a bound of {', '.join(c['fit_at_bounds'])})"
+        if c.get("checkpoints", {}).get("use"):
+            ck = c["checkpoints"]
+            note += f" (fitted on {ck['points']} converted checkpoints of {ck['runs']} runs too: {ck['reason']})"
         table.add_row(c["method"], rms, exp_err, weight, note)
     console.print(table)
 

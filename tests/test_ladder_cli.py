@@ -189,3 +189,16 @@ def test_forecast_on_a_table_takes_a_schedule(tmp_path):
     bad = runner.invoke(app, args + ["--schedule", "exponential", "--num-steps", "10", "--peak-lr", "1e-3"])
     assert bad.exit_code == 2 and "schedule.kind" in bad.output
 
+
+
+@pytest.mark.slow
+def test_forecast_names_the_laws_fitted_on_converted_checkpoints(tmp_path):  # about 30 s: every law's backtest, twice
+    from tests.test_forecasting_checkpoints import TPS, _annealed_run
+
+    runs = [_annealed_run(n, 20.0, seed=i) for i, n in enumerate([1e7, 2e7, 4e7, 8e7, 1.6e8])]
+    table = tmp_path / "curves.csv"
+    pd.concat(runs, ignore_index=True).to_csv(table, index=False)
+    n, d = 3.2e8, 200 * 3.2e8
+    shown = runner.invoke(app, ["forecast", str(table), "--params-active", str(n), "--tokens", str(d), "--n-bootstrap", "10"])
+    assert shown.exit_code == 0, shown.output
+    assert "fitted on 40 converted checkpoints of 5 runs too" in " ".join(shown.output.split())
