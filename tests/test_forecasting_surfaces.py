@@ -88,3 +88,18 @@ def test_a_ladder_fit_of_a_surface_predicts_in_one_call():
     fit = fit_ladder(_frame(n, d, loss).assign(step=1), law="overtrain", n_bootstrap=5)
     assert fit.predict(7e10, 1.4e12) == pytest.approx(SURFACES["overtrain"].predict_fn(
         {"params_active": np.array(7e10), "tokens": np.array(1.4e12)}, truth), rel=1e-3)
+
+
+def test_the_fit_finds_the_global_basin_of_the_data_constrained_form_on_the_c4_runs():
+    from forecasting import final_laws as fl
+    from forecasting import suite
+
+    split = next(s for s in suite.splits_datablations() if s.name.startswith("c4"))
+    final = fl.final_points(split.train)
+    fit = fit_surface("data_constrained", final)
+    # the starts near Chinchilla's fit alone stopped at 7.2e-7 on one machine (5.2x the optimum) and predicted the
+    # held-out 8.7B runs' finals 5.4% off (mean) instead of 1.9%
+    assert fit.objective < 1.5e-7
+    errors = [fit.predict({"params_active": [h.target.params_active], "tokens": [h.target.tokens],
+                           "unique_tokens": [h.target.unique_tokens]})[0] / h.points["loss"].iloc[-1] - 1 for h in split.targets]
+    assert np.mean(np.abs(errors)) < 0.025
