@@ -817,8 +817,9 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
     """For the target's compute budget (6ND of its N and D), the loss-optimal N and D under the (N, D) law that
     backtests best on this ladder, with bootstrap intervals, and how far the declared target sits from it.
 
-    Sparsity is held at the target's total/active ratio (the moe law would always prefer more total parameters
-    without a cost for them, so it is not optimised here)."""
+    Sparsity is held at the target's total/active ratio for that optimum (the moe law would always prefer more
+    total parameters without a cost for them); when the ladder varies sparsity, `sparsity` lists the optimum and
+    its loss at each total/active ratio (`sparsity_tradeoff`)."""
     frames = {law: fit_frame(law, table) for law in ALLOCATION_LAWS}  # final points, and checkpoints where they help
     scored = []
     for law, frame in frames.items():
@@ -869,5 +870,52 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
         "target": {"params_active": target.params_active, "tokens": target.tokens,
                    "tokens_per_param": target.tokens / target.params_active, "predicted_loss": at_target,
                    "params_vs_opt": target.params_active / best["params_opt"], "loss_above_opt": at_target / best["loss_opt"] - 1},
+        "sparsity": sparsity_tradeoff(table, target, n_boot=n_boot, seed=seed),
         "warnings": warn,
     }
+
+
+SPARSITY_SWEEP = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+def sparsity_tradeoff(table: pd.DataFrame, target: TargetSpec, *, n_boot: int = 50, seed: int = 0) -> dict | None:
+    """For the target's compute budget, the loss-optimal split at each total/active ratio of SPARSITY_SWEEP (and the
+    target's own), under the moe law with bootstrap intervals; None when the ladder does not vary sparsity.
+
+    Why a list and not one optimum: at a fixed active compute the moe law's effective size N (N_total/N)^kappa grows
+    with every expert added, so more total parameters always lower its loss; what bounds sparsity is memory and
+    serving, which the law does not see. A planner needs the price of each step instead: how much loss a 2x larger
+    expert pool buys at this budget, and how sure the ladder is of it (beyond the ladder's own sparsities it is
+    kappa's extrapolation, and the rows say so)."""
+    frame = fit_frame("moe", table)
+    if applicable("moe", frame):
+        return None
+    model = _cached(("fit", "moe", _key(frame)), lambda: fit_final("moe", frame))
+    reps, _ = _cached(("replicates", "moe", _key(frame), n_boot, seed), lambda: replicates("moe", frame, model, n_boot, seed))
+    try:
+        rate = float(backtest_law("moe", frame).rate)
+    except FitError:
+        rate = None
+    runs = runs_of(frame)
+    ladder = (runs["params_total"] / runs["params_active"]).to_numpy(float)
+    own = (target.params_total or target.params_active) / target.params_active
+    c6 = 6.0 * target.params_active * target.tokens
+    rows = []
+    for ratio in sorted(set(SPARSITY_SWEEP) | {round(own, 6)}):
+        best = _allocate(model, c6, ratio, target.unique_tokens)
+        losses = np.array([_allocate(r, c6, ratio, target.unique_tokens)["loss_opt"] for r in reps], dtype=float)
+        iv = percentile_interval(losses, best["loss_opt"]) if len(losses) >= 10 else None
+        rows.append({"sparsity": float(ratio), "params_active": best["params_opt"], "params_total": best["params_opt"] * ratio,
+                     "tokens": best["tokens_opt"], "loss": best["loss_opt"], "loss_lo": None if iv is None else iv.lo,
+                     "loss_hi": None if iv is None else iv.hi, "target": bool(abs(ratio - own) < 1e-6 * own),
+                     "within_ladder": bool(ladder.min() / DN_SLACK <= ratio <= ladder.max() * DN_SLACK)})
+    warn = []
+    bounds = getattr(model.obj, "at_bounds", ())
+    if bounds:
+        warn.append(f"the moe fit sits on a bound of {', '.join(bounds)} (kappa = {model.params['kappa']:.3g}): the ladder does "
+                    "not pin how total parameters help, so these losses are the form's, not the ladder's")
+    if model.params["kappa"] < 0:
+        warn.append(f"kappa = {model.params['kappa']:.3g} < 0: at one active size the ladder's sparser runs did worse, which "
+                    "a law in sparsity alone cannot tell from what else differs between them (expert count, granularity, LR)")
+    return {"law": "moe", "kappa": model.params["kappa"], "backtest_rate": rate, "ladder_sparsity": [float(ladder.min()), float(ladder.max())],
+            "rows": rows, "warnings": warn}

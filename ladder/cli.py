@@ -839,6 +839,18 @@ def _print_allocation(a: dict) -> None:
         f"{t['tokens_per_param']:.3g} tokens/param, predicted {t['predicted_loss']:.4f} ({t['loss_above_opt']:+.2%} vs the optimum)")
     for w in a.get("warnings", []):
         console.print(f"[yellow]warning:[/] {w}")
+    sp = a.get("sparsity")
+    if sp:
+        cells = []
+        for r in sp["rows"]:
+            band = f" [{r['loss_lo']:.4f}, {r['loss_hi']:.4f}]" if r["loss_lo"] is not None else ""
+            mark = " (target's)" if r["target"] else ("" if r["within_ladder"] else " (beyond the ladder)")
+            cells.append(f"{r['sparsity']:.3g}x: {r['loss']:.4f}{band}{mark}")
+        lo, hi = sp["ladder_sparsity"]
+        console.print(f"loss-optimal split at each total/active ratio (moe law, kappa {sp['kappa']:.3g}; the ladder spans "
+                      f"{lo:.3g}-{hi:.3g}x): " + "; ".join(cells))
+        for w in sp.get("warnings", []):
+            console.print(f"[yellow]warning:[/] {w}")
 
 
 @app.command()

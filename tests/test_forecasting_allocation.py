@@ -1,6 +1,7 @@
 """The compute-optimal allocation for a budget, with intervals, and where the declared target sits (a planner)."""
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from forecasting.api import TargetSpec, optimal_allocation
@@ -37,3 +38,45 @@ def test_forecast_command_prints_the_planner(tmp_path):
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "compute-optimal at" in text and "declared target: N 70B" in text and "chosen" in text
+
+
+def _moe_table(kappa: float = 0.3) -> "pd.DataFrame":
+    import pandas as pd
+
+    from forecasting.surfaces import SURFACES
+
+    truth = {"E": 1.7, "A": 300.0, "B": 900.0, "alpha": 0.33, "beta": 0.30, "kappa": kappa}
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in np.geomspace(2e7, 3e8, 4):
+        for sparsity in (1.0, 4.0, 16.0):
+            for m in (10.0, 40.0):
+                x = {"params_active": np.array([n]), "tokens": np.array([n * m]), "params_total": np.array([n * sparsity])}
+                loss = float(SURFACES["moe"].predict_fn(x, truth)[0]) * np.exp(rng.normal(0, 0.002))
+                rows.append({"run": f"n{n:.2g}-s{sparsity:g}-m{m:g}", "step": 1000, "loss": loss, "params_active": n,
+                             "params_total": n * sparsity, "tokens": n * m, "flops": 6 * n * n * m})
+    return pd.DataFrame(rows)
+
+
+def test_a_ladder_that_varies_sparsity_prices_each_total_active_ratio_at_the_budget():
+    target = TargetSpec(name="moe", params_active=1e9, params_total=8e9, tokens=2e10)
+    a = optimal_allocation(_moe_table(), target, n_bootstrap=10)
+    sp = a["sparsity"]
+    assert sp is not None and abs(sp["kappa"] - 0.3) < 0.1 and not sp["warnings"]
+    losses = [r["loss"] for r in sp["rows"]]
+    assert losses == sorted(losses, reverse=True)  # more experts, lower loss, at every step of the sweep
+    assert [r["sparsity"] for r in sp["rows"] if r["target"]] == [8.0]
+    assert {r["sparsity"]: r["within_ladder"] for r in sp["rows"]}[64.0] is False  # beyond the ladder's 1-16x
+    assert all(r["loss_lo"] <= r["loss"] <= r["loss_hi"] for r in sp["rows"])
+
+
+@pytest.mark.slow
+def test_a_sparsity_law_the_ladder_does_not_pin_says_so():  # about 25 s: every allocation law's backtest on real runs
+    from forecasting import suite
+
+    t = suite.steplaw_best(suite.load_steplaw_moe(), ["params_total", "params_active", "tokens", "topk", "experts"])
+    sp = optimal_allocation(t, TargetSpec(name="x", params_active=1.24e9, params_total=2.16e9, tokens=2e10), n_bootstrap=10)["sparsity"]
+    # Step Law's MoE grid: its sparser configurations are also its finer-grained ones (89 experts against 8)
+    assert sp["kappa"] < 0 and any("cannot tell from what else differs" in w for w in sp["warnings"])
+    assert optimal_allocation(_final_table(np.geomspace(1e7, 4e8, 8), 20.0), TargetSpec(name="t", params_active=1e9, tokens=2e10),
+                              n_bootstrap=10)["sparsity"] is None
