@@ -813,9 +813,10 @@ def _print_selection(candidates: list[dict]) -> None:
         note = "chosen" if c.get("chosen") else (c.get("excluded") or c.get("reason") or "")
         if c.get("fit_at_bounds"):
             note += f" (its fit sits on a bound of {', '.join(c['fit_at_bounds'])})"
-        if c.get("checkpoints", {}).get("use"):
-            ck = c["checkpoints"]
-            note += f" (fitted on {ck['points']} converted checkpoints of {ck['runs']} runs too: {ck['reason']})"
+        ck = c.get("checkpoints")
+        if ck:
+            note += (f" (fitted on {ck['points']} converted checkpoints of {ck['runs']} runs too: {ck['reason']})" if ck["use"]
+                     else f" (not fitted on the {ck['points']} converted checkpoints: {ck['reason']})")
         table.add_row(c["method"], rms, exp_err, weight, note)
     console.print(table)
 
