@@ -17,8 +17,10 @@ How, per run (`annealed_checkpoints`):
    observed(s) + law(compressed schedule, s) - law(run's schedule, s): the law carries only the schedule's
    difference, the eval keeps its own noise.
 Measured on the Multi-Power pairs above (fit on the 72k cosine curve, convert its eval near 24k, compare with the
-24k run's final): +0.10%, -0.05%, +0.00% for 25M, 100M, 400M (tests/test_forecasting_checkpoints.py). The
-Multi-Power Law itself, fitted on one curve, converts worse (+0.9% to +3.8%): its seven parameters are not pinned
+24k run's final): +0.08%, -0.03%, +0.00% for 25M, 100M, 400M (raw evals +1.1% to +2.2%); on runs of our local
+ladder's recipe against the same widths trained to half and a third of the tokens, -0.08% to +1.26% (raw evals
+-2.6% to -5.0%: on runs of a few hundred steps stopping early costs more LR area than the decay gives back). Both
+in tests/test_forecasting_checkpoints.py and bench/bench_checkpoints.py. The Multi-Power Law itself, fitted on one curve, converts worse (+0.9% to +3.8%): its seven parameters are not pinned
 by one schedule.
 
 Which runs and evals: a logged LR that decays after its warmup (without a decay the annealing term cannot be
