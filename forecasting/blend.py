@@ -12,7 +12,8 @@ How:
   at the target's distance is within `WITHIN` times the best one's (a law the ladder's own backtest shows
   clearly worse gets no weight), at most `MAX_MEMBERS`;
 - weights proportional to 1 / expected_error^2 (inverse variance: the expected error is the backtest's RMS
-  error per unit distance times the target's distance);
+  error per unit distance times the target's distance, times the small-sample factor of the held-out sizes it
+  was measured on);
 - the blend at each step of the first member's curve (the chosen law's), in log space: mean = sum w_i log p_i,
   and a variance that is the mixture's, sum w_i (sigma_i^2 + (log p_i - mean)^2), with sigma_i each member's own
   95% band read back as a log-normal sigma. So the blend's band never loses a member's uncertainty and widens

@@ -6,7 +6,10 @@ predicted the ladder's own larger runs. Every applicable candidate is backtested
 splits (fit the smaller runs by compute, predict every larger one; `forecasting.final_laws`), scored by
 its error per unit of extrapolation distance (decades of compute or model size beyond the fitted runs,
 plus decades of tokens per parameter outside them), and the candidate with the smallest expected error at the
-target's own distance wins. A simpler law within 10% of the best is preferred (fewer parameters,
+target's own distance wins. The expected error carries the same small-sample factor as the band's extrapolation
+term (`final_laws.small_sample_factor` of the independent errors the backtest measured, 1.62x for one held-out
+size, 1.11x for ten): a law whose larger fits leave it a single held-out size to be scored on (Chinchilla's five
+parameters on a short ladder) is not preferred for one lucky point over a law scored on ten sizes. A simpler law within 10% of the best is preferred (fewer parameters,
 less luck). When the target's tokens per parameter lie outside the runs' range, the backtest also
 extrapolates along D/N (`final_laws._dn_splits`), and a law the ladder cannot test that way (too few
 runs below the cut for its parameters) is not compared with those it can.
@@ -195,9 +198,12 @@ def _evidence(method: str, run_backtest, tp: dict, ref: dict | None) -> dict:
         out["reason"] = f"no backtest: {e}"
         return out
     d_target = float(fl.distance(tp, ref)[0]) if ref is not None else float("nan")
+    n_independent = fl.independent_errors(res)
+    factor = fl.small_sample_factor(n_independent)
+    raw = float(res.rate * d_target) if np.isfinite(d_target) else res.rms_rel_error
     out.update(backtest_rms=res.rms_rel_error, backtest_mean=res.mean_rel_error, rate=res.rate,
                backtest_points=res.n_points, tokens_per_param_points=res.tokens_per_param_points, target_distance=d_target,
-               expected_error=float(res.rate * d_target) if np.isfinite(d_target) else res.rms_rel_error)
+               independent_errors=n_independent, small_sample_factor=factor, expected_error=raw * factor)
     return out
 
 

@@ -803,11 +803,13 @@ def forecast(
 
 def _print_selection(candidates: list[dict]) -> None:
     """method=auto: every candidate with its backtest on this table, the winner marked."""
-    table = Table(title="method chosen by backtest on this table (expected error = error per unit distance x the target's distance)")
-    for column in ("method", "backtest rms", "expected error at target", "blend weight", "note"):
+    table = Table(title="method chosen by backtest on this table (expected error = error per unit distance x the target's "
+                        "distance x a small-sample factor for the held-out sizes it was scored on)")
+    for column in ("method", "backtest rms", "held-out sizes", "expected error at target", "blend weight", "note"):
         table.add_column(column, overflow="fold")
     for c in candidates:
         rms = f"{c['backtest_rms']:.2%}" if c.get("backtest_rms") is not None else "-"
+        sizes = f"{c['independent_errors']} (x{c['small_sample_factor']:.2f})" if c.get("independent_errors") is not None else "-"
         exp_err = f"{c['expected_error']:.2%}" if c.get("expected_error") is not None else "-"
         weight = f"{c['blend_weight']:.2f}" if c.get("blend_weight") else "-"
         note = "chosen" if c.get("chosen") else (c.get("excluded") or c.get("reason") or "")
@@ -817,7 +819,7 @@ def _print_selection(candidates: list[dict]) -> None:
         if ck:
             note += (f" (fitted on {ck['points']} converted checkpoints of {ck['runs']} runs too: {ck['reason']})" if ck["use"]
                      else f" (not fitted on the {ck['points']} converted checkpoints: {ck['reason']})")
-        table.add_row(c["method"], rms, exp_err, weight, note)
+        table.add_row(c["method"], rms, sizes, exp_err, weight, note)
     console.print(table)
 
 

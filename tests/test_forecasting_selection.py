@@ -1,0 +1,40 @@
+"""selection: a candidate's expected error is its backtest rate at the target's distance, discounted by how little
+evidence the backtest had (one held-out size is not ten)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from forecasting import final_laws as fl
+from forecasting import selection
+from forecasting.forecast import BacktestResult, TargetSpec
+
+
+def _result(method: str, rate: float, sizes: int) -> BacktestResult:
+    return BacktestResult(method=method, kind="compute", held_out=[f"run{i}" for i in range(sizes)], held_out_sizes=sizes,
+                          mean_rel_error=0.0, rms_rel_error=rate * 0.5, max_abs_rel_error=rate, distance=0.5, rate=rate,
+                          n_points=sizes)
+
+
+def _ladder_points() -> dict[str, np.ndarray]:
+    n = np.array([1e7, 3e7, 1e8])
+    return {"params_active": n, "tokens": 20 * n, "params_total": n, "flops": 6 * n * 20 * n}
+
+
+def test_a_law_scored_on_one_held_out_size_does_not_win_over_one_scored_on_ten_by_a_small_margin():
+    target = TargetSpec(name="t", params_active=1e9, tokens=20e9)
+    tp, ref = fl.target_point(target), _ladder_points()
+    d = float(fl.distance(tp, ref)[0])
+    assert d == pytest.approx(2.0)  # 2 decades of compute beyond the largest fitted run
+    lucky = selection._evidence("chinchilla", lambda: _result("chinchilla", 0.030, sizes=1), tp, ref)
+    steady = selection._evidence("farseer", lambda: _result("farseer", 0.034, sizes=10), tp, ref)
+    assert lucky["independent_errors"] == 1 and steady["independent_errors"] == 10
+    assert lucky["small_sample_factor"] == pytest.approx(1.62, abs=0.01)  # t_0.975(3) / 1.96
+    assert steady["small_sample_factor"] == pytest.approx(1.11, abs=0.01)  # t_0.975(12) / 1.96
+    assert lucky["expected_error"] == pytest.approx(0.030 * d * lucky["small_sample_factor"])
+    assert steady["expected_error"] < lucky["expected_error"]  # raw rates would have ranked them the other way
+    # with the same evidence on both sides the raw rates decide, unchanged
+    even = selection._evidence("chinchilla", lambda: _result("chinchilla", 0.030, sizes=10), tp, ref)
+    assert even["expected_error"] < steady["expected_error"]
+    assert math.isclose(even["expected_error"] / steady["expected_error"], 0.030 / 0.034)
