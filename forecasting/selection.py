@@ -70,6 +70,7 @@ def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5, curve
     (or, with `curves`, on every eval of each held-out run)."""
     last = fl.last_points(table)
     held, rel, dist, final = [], [], [], None
+    sizes: list[float] = []  # of the held-out runs, counted as the final laws' backtests count them
     for k in fl._splits(len(last), 3, max_splits):
         fit_runs = list(last["run"].iloc[:k])
         try:
@@ -89,8 +90,10 @@ def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5, curve
             rel.extend(pred / part["loss"].to_numpy(float) - 1)
             dist.extend(d)
         held.extend(part["run"].astype(str))
+        if "params_active" in part.columns:
+            sizes.extend(part["params_active"].astype(float))
         final = (str(part["run"].iloc[-1]), float(pred[-1]), float(part["loss"].iloc[-1]))
-    return fl.summarise("matched_progress", held, rel, dist, final)
+    return fl.summarise("matched_progress", held, rel, dist, final, sizes)
 
 
 def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: list[str]) -> tuple[str, list[dict], list[str]]:

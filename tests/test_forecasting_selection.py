@@ -4,6 +4,7 @@ evidence the backtest had (one held-out size is not ten)."""
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from forecasting import final_laws as fl
@@ -38,3 +39,17 @@ def test_a_law_scored_on_one_held_out_size_does_not_win_over_one_scored_on_ten_b
     even = selection._evidence("chinchilla", lambda: _result("chinchilla", 0.030, sizes=10), tp, ref)
     assert even["expected_error"] < steady["expected_error"]
     assert math.isclose(even["expected_error"] / steady["expected_error"], 0.030 / 0.034)
+
+
+def test_matched_progress_counts_its_held_out_sizes_as_the_final_laws_do():
+    """Runs of one size make one independent error: matched progress's backtest must not count each as its own
+    (on Muennighoff et al.'s runs, eight epochs of one 4.2B model would otherwise pass for eight sizes)."""
+    from forecasting.public_data import data_dir, marin_ladder
+
+    table, _, _ = marin_ladder(data_dir() / "marin_535b_ladder")
+    res = selection.backtest_matched_progress(table)
+    assert res.held_out == ["d2048"] and res.held_out_sizes == 1  # four rungs: fit three, predict the largest
+    epochs = pd.concat([table.assign(run=table["run"] + f"/{k}ep") for k in (1, 2)])  # two runs per size, same curves
+    res2 = selection.backtest_matched_progress(epochs)
+    assert len(res2.held_out) > res2.held_out_sizes
+    assert res2.held_out_sizes == table.loc[table["run"].isin([r.split("/")[0] for r in res2.held_out]), "params_active"].nunique()
