@@ -9,10 +9,10 @@ plus decades of tokens per parameter outside them), and the candidate with the s
 target's own distance wins. The expected error carries the same small-sample factor as the band's extrapolation
 term (`final_laws.small_sample_factor` of the independent errors the backtest measured, 1.62x for one held-out
 size, 1.11x for ten): a law whose larger fits leave it a single held-out size to be scored on (Chinchilla's five
-parameters on a short ladder) is not preferred for one lucky point over a law scored on ten sizes. A simpler law within 10% of the best is preferred (fewer parameters,
-less luck). When the target's tokens per parameter lie outside the runs' range, the backtest also
-extrapolates along D/N (`final_laws._dn_splits`), and a law the ladder cannot test that way (too few
-runs below the cut for its parameters) is not compared with those it can.
+parameters on a short ladder) is not preferred for one lucky point over a law scored on ten sizes. A simpler law
+within 10% of the best is preferred (fewer parameters, less luck). When the target's tokens per parameter lie
+outside the runs' range, the backtest also extrapolates along D/N (`final_laws._dn_splits`), and a law the
+ladder cannot test that way (too few runs below the cut for its parameters) is not compared with those it can.
 
 Rules that are not backtests:
 - `multipower` when the table holds curves of the target's own size with logged LR and the target's
