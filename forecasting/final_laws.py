@@ -447,7 +447,7 @@ def _split_fit(law: str, part: pd.DataFrame) -> FinalModel:
 
     model = _cached(("split_fit", law, _key(part)), fit)
     if isinstance(model, FitError):
-        raise model
+        raise FitError(str(model))  # a fresh one: re-raising the cached one would grow its traceback each time
     return model
 
 
