@@ -52,3 +52,30 @@ def test_matched_progress_counts_its_held_out_sizes_as_the_final_laws_do():
     epochs = pd.concat([table.assign(run=table["run"] + f"/{k}ep") for k in (1, 2)])  # two runs per size, same curves
     res2 = selection.backtest_matched_progress(epochs)
     assert len(res2.held_out) == 4 and res2.held_out_sizes == 2  # d1536 and d2048, two runs each
+
+
+def test_a_backtest_split_is_fitted_once_and_its_failure_remembered(monkeypatch):
+    """The final-point and curve backtests of one law share their splits: each fit part is fitted once, a failed
+    fit is not retried (a failing Chinchilla fit runs BFGS to its iteration limit), and each caller gets its own
+    FitError with the fit's message."""
+    calls: list[str] = []
+
+    def fit_final(law, part, **kw):
+        calls.append(law)
+        if law == "chinchilla":
+            raise fl.FitError("the Chinchilla fit did not converge")
+        return f"{law} on {len(part)} runs"
+
+    monkeypatch.setattr(fl, "fit_final", fit_final)
+    fl._CACHE.clear()
+    part = pd.DataFrame({"run": ["a", "b", "c"], "loss": [3.0, 2.8, 2.6], "run_flops": [1e15, 3e15, 1e16]})
+    assert fl._split_fit("compute", part) == fl._split_fit("compute", part) == "compute on 3 runs"
+    errors = []
+    for _ in range(2):
+        with pytest.raises(fl.FitError, match="did not converge") as error:
+            fl._split_fit("chinchilla", part)
+        errors.append(error.value)
+    assert errors[0] is not errors[1]
+    assert fl._split_fit("compute", part.iloc[:2]) == "compute on 2 runs"  # another part is another fit
+    assert calls == ["compute", "chinchilla", "compute"]
+    fl._CACHE.clear()
