@@ -375,6 +375,7 @@ def test_hero_under_the_trainers_memory_features(marin):
     assert fitting.fits is True and fitting.total / 1e9 == pytest.approx(125.0, abs=0.1)
 
 
+@pytest.mark.slow  # 36-52 s on 2 cores: three plans of Marin's 535B experiment through the CLI
 def test_plan_command_prints_the_capacity_plan_and_its_assumptions(marin, tmp_path):
     result = runner.invoke(app, ["plan", "experiments/marin_535b.py", "--root", str(tmp_path / "r"), "--mfu", "0.23",
                                  "--price-per-hour", "2.5"])

@@ -373,6 +373,7 @@ def test_bf16_mixed_with_zero3_microbatches_and_offload_on_a_mesh(sharded):
 # End to end through trainer.train
 
 
+@pytest.mark.slow  # 38-56 s on 2 cores: two real trainings, a checkpoint and a resume
 def test_train_with_zero3_bf16_mixed_and_offload_resumes_exactly(tmp_path, monkeypatch):
     from trainer.loop import default_compilation_cache_dir, train
     from trainer.metrics import read_metrics
