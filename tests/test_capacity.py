@@ -438,3 +438,16 @@ def test_a_cpu_gang_counts_its_fake_devices_per_host():
     row = capacity_row("gang", spec, mfu=0.4)
     assert (row.hosts, row.devices_per_host, row.devices) == (2, 4, 8)
     assert not any("more than the resources ask for" in note for note in row.assumptions)
+
+
+def test_a_micro_batch_search_traces_the_trainer_state_once_and_gets_each_size_s_own_figures():
+    """The state half does not depend on the micro-batch size; the accumulator and activations do."""
+    base = job_of(small_moe(hidden_dim=96), batch=16)
+    mesh = {"data": 2}
+    before = memory._trainer_state_of.cache_info().misses
+    whole = memory.estimate_memory(base, mesh, "trainer")
+    micro = memory.estimate_memory(memory.with_trainer_fields(base, {"train.microbatch_size": 4}), mesh, "trainer")
+    assert memory._trainer_state_of.cache_info().misses == before + 1
+    assert micro.microbatch_size == 4 and whole.microbatch_size == 16
+    assert micro.parts()["params"] == whole.parts()["params"] and micro.total != whole.total
+    assert memory.estimate_memory(base, mesh, "trainer").total == whole.total  # from the memo: the same figures

@@ -34,6 +34,7 @@ be checked against what is public about it. Pure functions over a TrainJob and m
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Literal
 
@@ -679,11 +680,21 @@ def _gathered_in_use(path: tuple[str, ...], leaf: Any) -> tuple[str, int]:
 
 def _trainer_state(job: TrainJob, axes: dict[str, int]) -> dict[str, Any]:
     """The state half under the trainer's own code path (``abstract_train_state``): exact, per leaf. The
-    compute copy's dtypes come from ``trainer.model.cast_for_compute`` itself (evaluated abstractly)."""
+    compute copy's dtypes come from ``trainer.model.cast_for_compute`` itself (evaluated abstractly).
+
+    Memoised: tracing a large model's init and optimizer takes seconds, and a capacity plan's micro-batch search
+    asks again for every micro-batch size, which the state does not depend on."""
+    unbatched = job.model_copy(update={"train": job.train.model_copy(update={"microbatch_size": None})})
+    return dict(_trainer_state_of(unbatched.model_dump_json(), tuple(sorted(axes.items()))))
+
+
+@functools.lru_cache(maxsize=64)
+def _trainer_state_of(job_json: str, axes_items: tuple[tuple[str, int], ...]) -> dict[str, Any]:
     import jax
 
     from trainer import model
 
+    job, axes = TrainJob.model_validate_json(job_json), dict(axes_items)
     state = abstract_train_state(job, axes)
     params = state["params"]
     compute = jax.eval_shape(lambda p: model.cast_for_compute(p, job.model), params)
