@@ -19,7 +19,7 @@ Unset (a developer's own run), nothing is skipped.
 
 Workers: pyproject's addopts run the test files in parallel (pytest-xdist, `-n auto --dist loadfile`: a file's tests
 stay in one process, so a module fixture is built once). Most tests keep one core busy (scipy fits, XLA compiles, one
-Ray driver), so on 2 cores two workers took the default set from 25-29 to 19 minutes. `auto` is one worker per
+Ray driver), so on 2 cores two workers took the default set from 25-29 to 15-19 minutes. `auto` is one worker per
 core this process may use, at most four: a worker can hold a JAX process with eight fake devices and a Ray cluster
 of its own (a few GiB), and more workers than that do not shorten a run whose largest files take minutes each.
 """
