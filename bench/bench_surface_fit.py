@@ -1,4 +1,4 @@
-"""Speed bench: an `auto` forecast whose candidates are the final-loss surfaces, timed as a user runs it.
+"""Speed bench: an `auto` forecast whose candidates include the final-loss surfaces, timed as a user runs it.
 
 Two ladders: `one_ratio`, eight sizes at 20 tokens per parameter (the shape most ladders have: every rung at one
 D/N), and `steplaw`, the public Step Law dense ladder's first leave-largest-out split (sizes and D/N both vary).
