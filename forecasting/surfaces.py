@@ -35,9 +35,6 @@ from scipy.optimize import least_squares
 from forecasting.fitting import HUBER_DELTA, FitError, fit_chinchilla
 
 N_REF = 1e9  # the size at which farseer's beta(N) equals beta0 (a fixed reference keeps parameters readable)
-# Below this spread of D/N (decades) Chinchilla's alpha and beta are one direction, not two: its fit walks a flat
-# valley (thousands of BFGS iterations, a few seconds per fit, every bootstrap replicate) and is not used as a start.
-MIN_RATIO_SPREAD = 0.05
 
 
 @dataclass(frozen=True)
@@ -258,13 +255,12 @@ def fit_surface(
     if len(y) < len(surface.names) + 1 or len(np.unique(x["params_active"])) < 2:
         raise FitError("too few distinct points with positive weight")
     ctx: dict = {}
-    if np.ptp(np.log10(x["tokens"] / x["params_active"])) >= MIN_RATIO_SPREAD:
-        try:
-            law, diag = fit_chinchilla(x["params_active"], x["tokens"], y, weights=w, n_polish=2)
-            if diag.converged:
-                ctx["chinchilla"] = law
-        except FitError:
-            pass
+    try:
+        law, diag = fit_chinchilla(x["params_active"], x["tokens"], y, weights=w, n_polish=2)
+        if diag.converged:
+            ctx["chinchilla"] = law
+    except FitError:
+        pass
     starts = surface.starts_fn(ctx)
     if start is not None:
         starts.insert(0, np.array([start[k] for k in surface.names]))

@@ -103,21 +103,3 @@ def test_the_fit_finds_the_global_basin_of_the_data_constrained_form_on_the_c4_r
     errors = [fit.predict({"params_active": [h.target.params_active], "tokens": [h.target.tokens],
                            "unique_tokens": [h.target.unique_tokens]})[0] / h.points["loss"].iloc[-1] - 1 for h in split.targets]
     assert np.mean(np.abs(errors)) < 0.025
-
-
-
-def test_a_ladder_at_one_tokens_per_param_ratio_fits_without_chinchilla_s_start():
-    """At one D/N, Chinchilla's alpha and beta are one direction: its fit is not a start (it walked a flat valley for
-    thousands of BFGS iterations per replicate), and the form's own grid start still finds the data's parameters."""
-    n = np.geomspace(1e7, 4e8, 8)
-    truth = {"E": 1.8, "A": 300.0, "B": 900.0, "eta": 0.3}
-    loss = SURFACES["overtrain"].predict_fn({"params_active": n, "tokens": 20 * n}, truth)
-    from unittest import mock
-
-    from forecasting import surfaces
-
-    with mock.patch.object(surfaces, "fit_chinchilla", side_effect=AssertionError("Chinchilla fitted at one ratio")):
-        fit = fit_surface("overtrain", _frame(n, 20 * n, loss))
-    assert fit.converged
-    far = {"params_active": np.array([4e9]), "tokens": np.array([8e10])}
-    assert fit.predict(far)[0] == pytest.approx(SURFACES["overtrain"].predict_fn(far, truth)[0], rel=1e-3)
