@@ -193,6 +193,51 @@ def compute_law_blind_spot(final: pd.DataFrame) -> str | None:
             f"their losses {worst[0]:.1%} apart): a law of compute alone gives them one loss")
 
 
+# What each method's formula reads of a run besides its loss (matched progress: the rung's compute, and its
+# progress along the run). A ladder that varies a column a method does not read, where everything it reads agrees,
+# shows the method a spread it has no term for.
+READS = {
+    "compute": ("run_flops",), "matched_progress": ("run_flops",),
+    "chinchilla": ("params_active", "tokens"), "overtrain": ("params_active", "tokens"), "farseer": ("params_active", "tokens"),
+    "moe": ("params_active", "params_total", "tokens"), "data_constrained": ("params_active", "tokens", "unique_tokens"),
+}
+HIDDEN_COLUMNS = {"unique_tokens": "unique tokens (data repeated for several epochs)",
+                  "params_total": "total parameters (sparsity)"}
+
+
+def hidden_column_blind_spot(method: str, final: pd.DataFrame, readers: set[str] | frozenset[str] = frozenset(HIDDEN_COLUMNS)) -> str | None:
+    """Why `method` cannot describe this ladder, or None: it holds runs that agree on everything the method reads
+    (within ISOFLOP_TOLERANCE) but differ in unique tokens or total parameters (by ISOFLOP_SIZE_RATIO), their losses
+    told apart (ISOFLOP_LOSS_SPREAD). Only the hidden columns in `readers` count (those some other applicable method
+    reads): a spread nothing can model is the ladder's noise, not one law's blind spot.
+
+    The data-constrained ladder is the case: every 8.7B run there trains on 178B tokens, from 1 to 44 epochs of
+    unique data, losses 2.83 to 3.99; a law of (N, D) fitted through it predicts one loss for all of them (the
+    epochs' average), and the backtest cannot see that when its held-out runs have the same spread of epochs.
+    """
+    seen = READS[method]
+    if len(final) < 2 or not set(seen) | {"loss"} <= set(final.columns):
+        return None
+    x = np.log(final[list(seen)].to_numpy(float))
+    y = final["loss"].to_numpy(float)
+    tol = math.log1p(ISOFLOP_TOLERANCE)
+    worst = None
+    for col in HIDDEN_COLUMNS:
+        if col in seen or col not in readers or col not in final.columns:
+            continue
+        h = final[col].to_numpy(float)
+        for i in range(len(final)):
+            same = np.all(np.abs(x - x[i]) <= tol, axis=1)
+            if h[same].max() > h[same].min() * ISOFLOP_SIZE_RATIO and y[same].max() > y[same].min() * (1 + ISOFLOP_LOSS_SPREAD):
+                spread = y[same].max() / y[same].min() - 1
+                if worst is None or spread > worst[0]:
+                    worst = (spread, int(same.sum()), col)
+    if worst is None:
+        return None
+    return (f"the ladder varies {HIDDEN_COLUMNS[worst[2]]} where everything {method} reads agrees ({worst[1]} runs, "
+            f"their losses {worst[0]:.1%} apart): it gives them one loss")
+
+
 # ---------------------------------------------------------------- fit
 
 
@@ -747,6 +792,10 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     if blind:
         warn.append(f"{blind}: the forecast is that budget's loss along the ladder's mix of sizes, not this target's "
                     "(an (N, D) law such as chinchilla, overtrain or farseer tells the sizes apart)")
+    hidden = hidden_column_blind_spot(law, final)
+    if hidden:
+        warn.append(f"{hidden}: the forecast is their average, not this target's (the "
+                    f"{'data_constrained' if 'unique' in hidden else 'moe'} law reads that column)")
     tp = target_point(target)
     point = float(model.predict(tp)[0])
     preds, samples, kind = fit_spread(law, final, model, tp, n_boot, seed)

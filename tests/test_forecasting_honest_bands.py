@@ -320,6 +320,64 @@ def test_one_size_per_budget_or_one_size_at_a_budget_is_no_blind_spot_for_the_co
     assert fl.compute_law_blind_spot(fl.final_points(twins)) is None
 
 
+def _repeated_data_table(sizes=(3e7, 6e7, 1.2e8, 2.4e8), epochs=(1, 2, 4, 8, 16), seed=0):
+    """Runs at 20 tokens/param per size, each over 1-16 epochs of its unique data (Muennighoff et al.'s design)."""
+    from forecasting.surfaces import SURFACES
+
+    rng = np.random.default_rng(seed)
+    truth = {"E": 1.7, "A": 300.0, "B": 900.0, "alpha": 0.33, "beta": 0.29, "R_star": 6.0}
+    n = np.repeat(np.asarray(sizes, dtype=float), len(epochs))
+    d = 20.0 * n
+    unique = d / np.tile(np.asarray(epochs, dtype=float), len(sizes))
+    loss = SURFACES["data_constrained"].predict_fn({"params_active": n, "tokens": d, "unique_tokens": unique}, truth)
+    loss = loss * np.exp(rng.normal(0, 0.002, len(n)))
+    table = pd.DataFrame({"run": [f"N{a:.2g}_U{b:.2g}" for a, b in zip(n, unique)], "step": 100, "loss": loss,
+                          "params_active": n, "tokens": d, "unique_tokens": unique, "flops": 6 * n * d, "fraction": 1.0})
+    return table, truth
+
+
+def test_laws_blind_to_repeated_data_are_not_candidates_on_a_data_constrained_ladder():
+    from forecasting import final_laws as fl
+    from forecasting.surfaces import SURFACES
+
+    table, truth = _repeated_data_table()
+    final = fl.final_points(table)
+    for law in ("overtrain", "chinchilla", "compute", "matched_progress"):
+        assert "varies unique tokens" in fl.hidden_column_blind_spot(law, final), law
+    assert fl.hidden_column_blind_spot("data_constrained", final) is None
+    n_t = 1e9
+    target = TargetSpec(name="t", params_active=n_t, tokens=20 * n_t, unique_tokens=20 * n_t / 8)
+    f = forecast_target(table, target, n_bootstrap=10)
+    by_method = {c["method"]: c for c in f.selection}
+    assert by_method["overtrain"]["applicable"] is False and "unique tokens" in by_method["overtrain"]["reason"]
+    assert [c["method"] for c in f.selection if c.get("expected_error") is not None] == ["data_constrained"]
+    assert f.method == "data_constrained"
+    x = {"params_active": np.array([n_t]), "tokens": np.array([20 * n_t]), "unique_tokens": np.array([20 * n_t / 8])}
+    assert f.final_loss == pytest.approx(float(SURFACES["data_constrained"].predict_fn(x, truth)[0]), rel=0.01)
+    # asked for by name, a blind law still runs and says what it cannot see
+    by_name = forecast_target(table, target, method="overtrain", n_bootstrap=10)
+    assert any("varies unique tokens" in w and "data_constrained law reads that column" in w for w in by_name.warnings)
+
+
+def test_a_ladder_without_repetition_or_without_a_law_that_reads_it_has_no_hidden_column_blind_spot():
+    from forecasting import final_laws as fl
+
+    table, _ = _repeated_data_table(epochs=(1,))
+    assert fl.hidden_column_blind_spot("overtrain", fl.final_points(table)) is None
+    # unique tokens vary at one (N, D), but no applicable law reads them: a spread nothing models is not a blind spot
+    table, _ = _repeated_data_table()
+    assert fl.hidden_column_blind_spot("overtrain", fl.final_points(table), readers=set()) is None
+    # runs at one (N, D) whose unique tokens are 5% apart (under the 10% that tells them apart), or 2x apart but
+    # with losses within 1% (a spread too small to tell from seeds)
+    base = table.iloc[[0, 0]].assign(run=["a", "b"]).reset_index(drop=True)
+    near = base.assign(unique_tokens=base["unique_tokens"] * [1.0, 1.05], loss=base["loss"] * [1.0, 1.05])
+    assert fl.hidden_column_blind_spot("overtrain", fl.final_points(near)) is None
+    flat = base.assign(unique_tokens=base["unique_tokens"] * [1.0, 0.5], loss=base["loss"] * [1.0, 1.005])
+    assert fl.hidden_column_blind_spot("overtrain", fl.final_points(flat)) is None
+    apart = flat.assign(loss=base["loss"] * [1.0, 1.05])
+    assert "2 runs, their losses 5.0% apart" in fl.hidden_column_blind_spot("overtrain", fl.final_points(apart))
+
+
 def test_the_band_counts_the_fit_s_spread_once_when_a_backtest_measured_it():
     sizes = [2e4, 4e4, 8e4, 1.6e5, 3.2e5, 6.4e5, 1.28e6]
     table = _grid_table(sizes, [5.0, 20.0])
