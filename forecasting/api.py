@@ -284,7 +284,7 @@ def choose_method(table: pd.DataFrame) -> str:
         return "matched_progress"
     final = bt._final_points(table)
     if {"params_active", "tokens"} <= set(final.columns) and len(final) >= 6 and final["params_active"].nunique() >= 2:
-        if fl.tokens_per_param_spread(final) < 0.05:
+        if fl.tokens_per_param_spread(final) < fl.MIN_RATIO_SPREAD:
             return "overtrain"  # one D/N: alpha and beta cannot be told apart, one shared exponent can
         return "chinchilla"
     if len(final) >= 3:
@@ -317,7 +317,7 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
     table = _drop_duplicate_runs(table, warn)
     law = choose_method(table) if law == "auto" else law
     if law in ("overtrain", "farseer", "moe", "data_constrained") or (
-        law == "chinchilla" and fl.tokens_per_param_spread(bt._final_points(table)) < 0.05
+        law == "chinchilla" and fl.tokens_per_param_spread(bt._final_points(table)) < fl.MIN_RATIO_SPREAD
     ):
         return _fit_ladder_surface(table, law, n_bootstrap, seed, warn)
     if law == "chinchilla":
@@ -418,7 +418,7 @@ def _fit_ladder_surface(table: pd.DataFrame, law: str, n_bootstrap: int, seed: i
     _warn_boot(len(reps), n_bootstrap, warn)
     if kind.startswith("parametric"):
         warn.append(f"intervals from a {kind}")
-    if fl.tokens_per_param_spread(final) < 0.05:
+    if fl.tokens_per_param_spread(final) < fl.MIN_RATIO_SPREAD:
         warn.append("tokens per parameter do not vary across the runs: the data exponent is not identified separately "
                     "from the size exponent (the over-training form ties them)")
     pred = model.predict(pts)

@@ -47,7 +47,7 @@ from forecasting.bootstrap import percentile_interval, robust_sigma, run_weights
 from forecasting.checkpoints import annealed_checkpoints
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult, TargetSpec
-from forecasting.surfaces import SURFACES, fit_surface
+from forecasting.surfaces import MIN_RATIO_SPREAD, SURFACES, fit_surface
 
 FINAL_LAWS = ("compute", "overtrain", "chinchilla", "farseer", "moe", "data_constrained")  # simplest first
 N_PARAMS = {"compute": 3, "overtrain": 4, "chinchilla": 5, "farseer": 6, "moe": 6, "data_constrained": 6}
@@ -258,7 +258,7 @@ def applicable(law: str, final: pd.DataFrame) -> str | None:
             return f"needs at least {max(need, 6)} finished runs; got {len(final)}"
         if final["params_active"].nunique() < 2:
             return "needs at least two model sizes"
-        if tokens_per_param_spread(final) < 0.05:
+        if tokens_per_param_spread(final) < MIN_RATIO_SPREAD:
             return ("tokens per parameter do not vary across the runs: alpha and beta cannot be told apart "
                     "(the over-training form with one exponent is identifiable)")
         return None
@@ -842,7 +842,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
             warn.append(f"no curve backtest of {law} on this ladder ({e}): the curve band uses the final-loss backtest alone")
     total = band_total(rel, fit="fit", backtest="extrapolation")
     lo, hi = pred * np.exp(-Z95 * total), pred * np.exp(Z95 * total)  # in log space: a wide band stays positive
-    if tokens_per_param_spread(final) < 0.05 and {"params_active", "tokens"} <= set(final.columns):
+    if tokens_per_param_spread(final) < MIN_RATIO_SPREAD and {"params_active", "tokens"} <= set(final.columns):
         m_runs = float(np.median(final["tokens"] / final["params_active"]))
         m_target = target.tokens / target.params_active
         if not (m_runs / 1.25 <= m_target <= m_runs * 1.25):

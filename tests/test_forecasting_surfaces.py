@@ -103,3 +103,41 @@ def test_the_fit_finds_the_global_basin_of_the_data_constrained_form_on_the_c4_r
     errors = [fit.predict({"params_active": [h.target.params_active], "tokens": [h.target.tokens],
                            "unique_tokens": [h.target.unique_tokens]})[0] / h.points["loss"].iloc[-1] - 1 for h in split.targets]
     assert np.mean(np.abs(errors)) < 0.025
+
+
+@pytest.mark.parametrize("name, params", [
+    ("overtrain", {"E": 1.7, "A": 400.0, "B": 900.0, "eta": 0.3}),
+    ("farseer", {"E": 1.7, "A": 400.0, "B": 900.0, "alpha": 0.3, "beta0": 0.28, "beta1": 0.02}),
+    ("moe", {"E": 1.7, "A": 400.0, "B": 900.0, "alpha": 0.3, "beta": 0.28, "kappa": 0.4}),
+    ("data_constrained", {"E": 1.7, "A": 400.0, "B": 900.0, "alpha": 0.3, "beta": 0.28, "R_star": 12.0}),
+])
+def test_each_surface_s_gradient_is_the_derivative_of_its_prediction(name, params):
+    """The fit hands least_squares these derivatives as its Jacobian: a wrong one would stop it off the optimum."""
+    rng = np.random.default_rng(0)
+    n = np.geomspace(1e7, 1e10, 30)
+    x = {"params_active": n, "tokens": np.geomspace(1e9, 1e12, 30)[rng.permutation(30)],
+         "params_total": n * rng.uniform(1, 30, 30)}
+    x["unique_tokens"] = x["tokens"] / rng.uniform(0.5, 20, 30)  # some runs repeat their data, some do not
+    surface = SURFACES[name]
+    grad = surface.grad_fn(x, params)
+    for k in surface.names:
+        h = 1e-6 * abs(params[k])
+        central = (surface.predict_fn(x, {**params, k: params[k] + h}) - surface.predict_fn(x, {**params, k: params[k] - h})) / (2 * h)
+        np.testing.assert_allclose(grad[k], central, rtol=1e-6, err_msg=k)
+
+
+def test_a_ladder_at_one_tokens_per_param_ratio_fits_without_chinchilla_s_start():
+    """At one D/N, Chinchilla's alpha and beta are one direction: its fit is not a start (it walked a flat valley for
+    thousands of BFGS iterations per replicate), and the form's own grid start still finds the data's parameters."""
+    n = np.geomspace(1e7, 4e8, 8)
+    truth = {"E": 1.8, "A": 300.0, "B": 900.0, "eta": 0.3}
+    loss = SURFACES["overtrain"].predict_fn({"params_active": n, "tokens": 20 * n}, truth)
+    from unittest import mock
+
+    from forecasting import surfaces
+
+    with mock.patch.object(surfaces, "fit_chinchilla", side_effect=AssertionError("Chinchilla fitted at one ratio")):
+        fit = fit_surface("overtrain", _frame(n, 20 * n, loss))
+    assert fit.converged
+    far = {"params_active": np.array([4e9]), "tokens": np.array([8e10])}
+    assert fit.predict(far)[0] == pytest.approx(SURFACES["overtrain"].predict_fn(far, truth)[0], rel=1e-3)
