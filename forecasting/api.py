@@ -279,14 +279,20 @@ def _n_grid_runs(table: pd.DataFrame) -> int:
 
 
 def choose_method(table: pd.DataFrame) -> str:
-    """matched_progress for ladders of whole curves, else chinchilla (N, D vary), else compute."""
+    """matched_progress for ladders of whole curves, else chinchilla (N, D vary), else compute; the data-constrained
+    or MoE law instead of an (N, D) law where the ladder varies unique tokens or total parameters at one N and D
+    (`final_laws.hidden_column_blind_spot`) and that law can be fitted."""
     if _n_grid_runs(table) >= 3:
         return "matched_progress"
     final = bt._final_points(table)
     if {"params_active", "tokens"} <= set(final.columns) and len(final) >= 6 and final["params_active"].nunique() >= 2:
-        if fl.tokens_per_param_spread(final) < fl.MIN_RATIO_SPREAD:
-            return "overtrain"  # one D/N: alpha and beta cannot be told apart, one shared exponent can
-        return "chinchilla"
+        # one D/N: alpha and beta cannot be told apart, one shared exponent can
+        law = "overtrain" if fl.tokens_per_param_spread(final) < fl.MIN_RATIO_SPREAD else "chinchilla"
+        for reader in ("data_constrained", "moe"):
+            hidden = set(fl.READS[reader]) & set(fl.HIDDEN_COLUMNS)
+            if fl.applicable(reader, final) is None and fl.hidden_column_blind_spot(law, final, hidden):
+                return reader
+        return law
     if len(final) >= 3:
         return "compute"
     raise FitError(

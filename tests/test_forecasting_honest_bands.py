@@ -354,6 +354,12 @@ def test_laws_blind_to_repeated_data_are_not_candidates_on_a_data_constrained_la
     assert f.method == "data_constrained"
     x = {"params_active": np.array([n_t]), "tokens": np.array([20 * n_t]), "unique_tokens": np.array([20 * n_t / 8])}
     assert f.final_loss == pytest.approx(float(SURFACES["data_constrained"].predict_fn(x, truth)[0]), rel=0.01)
+    # fitting the ladder's law with intervals picks the same law, by the same rule
+    from forecasting.api import choose_method
+
+    assert choose_method(table) == "data_constrained"
+    one_epoch, _ = _repeated_data_table(sizes=np.geomspace(3e7, 3e8, 6), epochs=(1,))
+    assert choose_method(one_epoch) == "overtrain"  # nothing repeated: no blind spot
     # asked for by name, a blind law still runs and says what it cannot see
     by_name = forecast_target(table, target, method="overtrain", n_bootstrap=10)
     assert any("varies unique tokens" in w and "data_constrained law reads that column" in w for w in by_name.warnings)
