@@ -792,6 +792,8 @@ def backtest(table: pd.DataFrame, *, method: str = "auto") -> BacktestReport:
             results.append(bt.backtest_matched_progress(table))
         elif method in ("chinchilla", "compute"):
             results.append(bt.backtest_final_law(table, method))
+        elif method in fl.SURFACES:  # the expanding splits `auto` scores it on
+            results.append(fl.backtest_law(method, fl.final_points(table)))
         else:
             raise ValueError(f"unknown method {method!r}")
     except FitError as e:

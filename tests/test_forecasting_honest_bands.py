@@ -360,6 +360,12 @@ def test_laws_blind_to_repeated_data_are_not_candidates_on_a_data_constrained_la
     assert choose_method(table) == "data_constrained"
     one_epoch, _ = _repeated_data_table(sizes=np.geomspace(3e7, 3e8, 6), epochs=(1,))
     assert choose_method(one_epoch) == "overtrain"  # nothing repeated: no blind spot
+    # and `backtest` scores the law it chose (a surface: it had answered "unknown method")
+    from forecasting.api import backtest
+
+    report = backtest(table)
+    assert report.method == "data_constrained" and report.results[0].kind == "compute" and report.results[0].n_points > 0
+    assert backtest(one_epoch).results[0].method == "overtrain"
     # asked for by name, a blind law still runs and says what it cannot see
     by_name = forecast_target(table, target, method="overtrain", n_bootstrap=10)
     assert any("varies unique tokens" in w and "data_constrained law reads that column" in w for w in by_name.warnings)
