@@ -218,15 +218,18 @@ def hidden_column_blind_spot(method: str, final: pd.DataFrame, readers: set[str]
     seen = READS[method]
     if len(final) < 2 or not set(seen) | {"loss"} <= set(final.columns):
         return None
-    x = np.log(final[list(seen)].to_numpy(float))
-    y = final["loss"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x_all = np.log(final[list(seen)].to_numpy(float))
+    y_all = final["loss"].to_numpy(float)
     tol = math.log1p(ISOFLOP_TOLERANCE)
     worst = None
     for col in HIDDEN_COLUMNS:
         if col in seen or col not in readers or col not in final.columns:
             continue
-        h = final[col].to_numpy(float)
-        for i in range(len(final)):
+        h_all = final[col].to_numpy(float)
+        known = np.all(np.isfinite(x_all), axis=1) & np.isfinite(h_all) & (h_all > 0) & np.isfinite(y_all)  # runs missing a value say nothing
+        x, y, h = x_all[known], y_all[known], h_all[known]
+        for i in range(len(x)):
             same = np.all(np.abs(x - x[i]) <= tol, axis=1)
             if h[same].max() > h[same].min() * ISOFLOP_SIZE_RATIO and y[same].max() > y[same].min() * (1 + ISOFLOP_LOSS_SPREAD):
                 spread = y[same].max() / y[same].min() - 1

@@ -388,6 +388,13 @@ def test_a_ladder_without_repetition_or_without_a_law_that_reads_it_has_no_hidde
     assert fl.hidden_column_blind_spot("overtrain", fl.final_points(flat)) is None
     apart = flat.assign(loss=base["loss"] * [1.0, 1.05])
     assert "2 runs, their losses 5.0% apart" in fl.hidden_column_blind_spot("overtrain", fl.final_points(apart))
+    # a run missing a value (no unique tokens logged, a dense run without total parameters) is left out, not an error
+    gaps = table.assign(params_total=table["params_active"])
+    gaps.loc[0, "unique_tokens"] = np.nan
+    gaps.loc[1, "params_total"] = np.nan
+    for method in fl.READS:
+        fl.hidden_column_blind_spot(method, fl.final_points(gaps))
+    assert "unique tokens" in fl.hidden_column_blind_spot("overtrain", fl.final_points(gaps))
 
 
 def test_the_band_counts_the_fit_s_spread_once_when_a_backtest_measured_it():
