@@ -288,9 +288,8 @@ def choose_method(table: pd.DataFrame) -> str:
     if {"params_active", "tokens"} <= set(final.columns) and len(final) >= 6 and final["params_active"].nunique() >= 2:
         # one D/N: alpha and beta cannot be told apart, one shared exponent can
         law = "overtrain" if fl.tokens_per_param_spread(final) < fl.MIN_RATIO_SPREAD else "chinchilla"
-        for reader in ("data_constrained", "moe"):
-            hidden = set(fl.READS[reader]) & set(fl.HIDDEN_COLUMNS)
-            if fl.applicable(reader, final) is None and fl.hidden_column_blind_spot(law, final, hidden):
+        for col, (_, reader) in fl.HIDDEN_COLUMNS.items():
+            if fl.applicable(reader, final) is None and fl.hidden_column_blind_spot(law, final, {col}):
                 return reader
         return law
     if len(final) >= 3:

@@ -167,6 +167,28 @@ def tokens_per_param_spread(final: pd.DataFrame) -> float:
     return float(np.ptp(np.log10(final["tokens"].to_numpy(float) / final["params_active"].to_numpy(float))))
 
 
+def _widest_unread_spread(final: pd.DataFrame, reads: tuple[str, ...], unread: str) -> tuple[float, int, int] | None:
+    """(loss spread, runs, first run's row) of the group of runs that agree on every column of `reads` (each within
+    ISOFLOP_TOLERANCE above the group's first run) but whose `unread` column differs by ISOFLOP_SIZE_RATIO, with the
+    widest loss spread above ISOFLOP_LOSS_SPREAD; None when there is none. Runs missing a value are left out."""
+    if len(final) < 2 or not {*reads, unread, "loss"} <= set(final.columns):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(final[list(reads)].to_numpy(float))
+    h, y = final[unread].to_numpy(float), final["loss"].to_numpy(float)
+    known = np.flatnonzero(np.all(np.isfinite(x), axis=1) & np.isfinite(h) & (h > 0) & np.isfinite(y))
+    x, h, y = x[known], h[known], y[known]
+    tol = math.log1p(ISOFLOP_TOLERANCE)
+    worst = None
+    for i in range(len(x)):
+        same = np.all((x >= x[i]) & (x <= x[i] + tol), axis=1)
+        if h[same].max() > h[same].min() * ISOFLOP_SIZE_RATIO and y[same].max() > y[same].min() * (1 + ISOFLOP_LOSS_SPREAD):
+            spread = float(y[same].max() / y[same].min() - 1)
+            if worst is None or spread > worst[0]:
+                worst = (spread, int(same.sum()), int(known[i]))
+    return worst
+
+
 def compute_law_blind_spot(final: pd.DataFrame) -> str | None:
     """Why a law of compute alone cannot describe this ladder, or None.
 
@@ -175,21 +197,11 @@ def compute_law_blind_spot(final: pd.DataFrame) -> str | None:
     budget, and it answers the same loss for every size a user might choose at the target's compute. `auto`
     does not offer it as a candidate then; asked for by name it still runs, with this as a warning.
     """
-    if not {"params_active", "run_flops", "loss"} <= set(final.columns) or len(final) < 2:
-        return None
-    f = final.sort_values("run_flops")
-    c, n, y = (f[k].to_numpy(float) for k in ("run_flops", "params_active", "loss"))
-    worst = None
-    for i in range(len(f)):
-        same = (c >= c[i]) & (c <= c[i] * (1 + ISOFLOP_TOLERANCE))
-        sizes, losses = n[same], y[same]
-        if sizes.max() > sizes.min() * ISOFLOP_SIZE_RATIO and losses.max() > losses.min() * (1 + ISOFLOP_LOSS_SPREAD):
-            spread = losses.max() / losses.min() - 1
-            if worst is None or spread > worst[0]:
-                worst = (spread, int(same.sum()), c[i])
+    worst = _widest_unread_spread(final, ("run_flops",), "params_active")
     if worst is None:
         return None
-    return (f"the ladder holds several model sizes at one compute budget ({worst[1]} runs at {worst[2]:.3g} FLOPs, "
+    budget = float(final["run_flops"].iloc[worst[2]])
+    return (f"the ladder holds several model sizes at one compute budget ({worst[1]} runs at {budget:.3g} FLOPs, "
             f"their losses {worst[0]:.1%} apart): a law of compute alone gives them one loss")
 
 
@@ -201,44 +213,36 @@ READS = {
     "chinchilla": ("params_active", "tokens"), "overtrain": ("params_active", "tokens"), "farseer": ("params_active", "tokens"),
     "moe": ("params_active", "params_total", "tokens"), "data_constrained": ("params_active", "tokens", "unique_tokens"),
 }
-HIDDEN_COLUMNS = {"unique_tokens": "unique tokens (data repeated for several epochs)",
-                  "params_total": "total parameters (sparsity)"}
+# the columns only one law reads: what they are, and that law
+HIDDEN_COLUMNS = {"unique_tokens": ("unique tokens (data repeated for several epochs)", "data_constrained"),
+                  "params_total": ("total parameters (sparsity)", "moe")}
 
 
 def hidden_column_blind_spot(method: str, final: pd.DataFrame, readers: set[str] | frozenset[str] = frozenset(HIDDEN_COLUMNS)) -> str | None:
-    """Why `method` cannot describe this ladder, or None: it holds runs that agree on everything the method reads
-    (within ISOFLOP_TOLERANCE) but differ in unique tokens or total parameters (by ISOFLOP_SIZE_RATIO), their losses
-    told apart (ISOFLOP_LOSS_SPREAD). Only the hidden columns in `readers` count (those some other applicable method
-    reads): a spread nothing can model is the ladder's noise, not one law's blind spot.
+    """Why `method` cannot describe this ladder, or None: it holds runs that differ in unique tokens or total
+    parameters (by ISOFLOP_SIZE_RATIO) and agree on everything else the method and the law reading that column read
+    (within ISOFLOP_TOLERANCE), their losses told apart (ISOFLOP_LOSS_SPREAD). Only the hidden columns in `readers`
+    count (those an applicable law reads): a spread nothing can model is the ladder's noise, not one law's blind
+    spot. Agreeing on the reading law's other inputs too keeps a column that only moves with them (total parameters
+    along a dense ladder's sizes) from being blamed for what those inputs explain.
 
     The data-constrained ladder is the case: every 8.7B run there trains on 178B tokens, from 1 to 44 epochs of
     unique data, losses 2.83 to 3.99; a law of (N, D) fitted through it predicts one loss for all of them (the
     epochs' average), and the backtest cannot see that when its held-out runs have the same spread of epochs.
     """
-    seen = READS[method]
-    if len(final) < 2 or not set(seen) | {"loss"} <= set(final.columns):
-        return None
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x_all = np.log(final[list(seen)].to_numpy(float))
-    y_all = final["loss"].to_numpy(float)
-    tol = math.log1p(ISOFLOP_TOLERANCE)
-    worst = None
-    for col in HIDDEN_COLUMNS:
-        if col in seen or col not in readers or col not in final.columns:
+    found = []
+    for col, (what, reader) in HIDDEN_COLUMNS.items():
+        if col not in readers or col in READS[method]:
             continue
-        h_all = final[col].to_numpy(float)
-        known = np.all(np.isfinite(x_all), axis=1) & np.isfinite(h_all) & (h_all > 0) & np.isfinite(y_all)  # runs missing a value say nothing
-        x, y, h = x_all[known], y_all[known], h_all[known]
-        for i in range(len(x)):
-            same = np.all(np.abs(x - x[i]) <= tol, axis=1)
-            if h[same].max() > h[same].min() * ISOFLOP_SIZE_RATIO and y[same].max() > y[same].min() * (1 + ISOFLOP_LOSS_SPREAD):
-                spread = y[same].max() / y[same].min() - 1
-                if worst is None or spread > worst[0]:
-                    worst = (spread, int(same.sum()), col)
-    if worst is None:
+        agree = tuple(dict.fromkeys(READS[method] + tuple(c for c in READS[reader] if c != col)))
+        worst = _widest_unread_spread(final, agree, col)
+        if worst is not None:
+            found.append((worst, what, reader, agree))
+    if not found:
         return None
-    return (f"the ladder varies {HIDDEN_COLUMNS[worst[2]]} where everything {method} reads agrees ({worst[1]} runs, "
-            f"their losses {worst[0]:.1%} apart): it gives them one loss")
+    (spread, n_runs, _), what, reader, agree = max(found, key=lambda item: item[0][0])
+    return (f"the ladder varies {what} among runs that agree on {', '.join(agree)} ({n_runs} runs, their losses "
+            f"{spread:.1%} apart): {method} gives them one loss (the {reader} law reads that column)")
 
 
 # ---------------------------------------------------------------- fit
@@ -797,8 +801,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
                     "(an (N, D) law such as chinchilla, overtrain or farseer tells the sizes apart)")
     hidden = hidden_column_blind_spot(law, final)
     if hidden:
-        warn.append(f"{hidden}: the forecast is their average, not this target's (the "
-                    f"{'data_constrained' if 'unique' in hidden else 'moe'} law reads that column)")
+        warn.append(f"{hidden}: the forecast is their average, not this target's")
     tp = target_point(target)
     point = float(model.predict(tp)[0])
     preds, samples, kind = fit_spread(law, final, model, tp, n_boot, seed)

@@ -20,13 +20,13 @@ Rules that are not backtests:
   calibrated on those very curves.
 - `matched_progress` is a same-recipe method: refused, with the reason, when the target's tokens per
   parameter lie outside the rungs' range (x/÷ `final_laws.DN_SLACK`, the slack the D/N backtest uses too).
-- A law is not a candidate where the ladder varies a column it does not read while everything it reads agrees,
+- A law is not a candidate where the ladder varies a column it does not read while everything else agrees,
   and an applicable law reads that column (`final_laws.hidden_column_blind_spot`): on a data-constrained ladder
   (runs of one size and token count at 1 to 44 epochs) only the data-constrained law tells them apart; on a
   ladder of MoE runs of one active size at several total sizes, only the MoE law. A backtest cannot show the
   blind law's flaw when the held-out runs repeat the fitted runs' spread: it predicts their average, and scores
-  about as well as a law that tells them apart (on the public suite's data-constrained ladder, overtrain 6.3% against 6.4%
-  RMS, and auto blended them).
+  about as well as a law that tells them apart (on the public suite's data-constrained ladder, overtrain 6.3%
+  against 6.4% RMS, and auto blended them).
 - `compute` is not a candidate on an IsoFLOP ladder (several model sizes at one budget, their losses apart:
   `final_laws.compute_law_blind_spot`): a law of compute alone gives every size at the target's budget one loss.
 - Nothing can be backtested (too few runs): the first applicable of matched_progress, chinchilla,
@@ -130,7 +130,7 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
         reasons[law] = fl.applicable(law, frame)
     # a column only some applicable law reads (unique tokens, total parameters) rules out the laws blind to it
     # where the ladder varies it at fixed inputs: their backtest cannot show it when the held-out runs vary it alike
-    readers = {c for law, r in reasons.items() if r is None for c in fl.READS[law] if c in fl.HIDDEN_COLUMNS}
+    readers = {col for col, (_, law) in fl.HIDDEN_COLUMNS.items() if reasons.get(law, "") is None}
     blind = {m: fl.hidden_column_blind_spot(m, final, readers) for m in ("matched_progress", *fl.FINAL_LAWS)} if readers else {}
     mp_refusal = matched_progress_refusal(table, target) or blind.get("matched_progress")
     if mp_refusal:

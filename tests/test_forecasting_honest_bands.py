@@ -369,7 +369,8 @@ def test_laws_blind_to_repeated_data_are_not_candidates_on_a_data_constrained_la
     # asked for by name, a blind law still runs and says what it cannot see (on six of the runs: a faster fit)
     few, _ = _repeated_data_table(sizes=(3e7, 6e7, 1.2e8), epochs=(1, 8))
     by_name = forecast_target(few, target, method="overtrain", n_bootstrap=10)
-    assert any("varies unique tokens" in w and "data_constrained law reads that column" in w for w in by_name.warnings)
+    assert any("varies unique tokens" in w and "data_constrained law reads that column" in w and "their average" in w
+               for w in by_name.warnings)
 
 
 def test_a_ladder_without_repetition_or_without_a_law_that_reads_it_has_no_hidden_column_blind_spot():
@@ -389,6 +390,11 @@ def test_a_ladder_without_repetition_or_without_a_law_that_reads_it_has_no_hidde
     assert fl.hidden_column_blind_spot("overtrain", fl.final_points(flat)) is None
     apart = flat.assign(loss=base["loss"] * [1.0, 1.05])
     assert "2 runs, their losses 5.0% apart" in fl.hidden_column_blind_spot("overtrain", fl.final_points(apart))
+    # a dense ladder's total parameters move with its sizes: a law of compute is blind to the sizes (the IsoFLOP
+    # check's business), not to total parameters
+    isoflop = _isoflop_table(np.geomspace(1e16, 1e18, 5))
+    isoflop = fl.final_points(isoflop.assign(params_total=isoflop["params_active"]))
+    assert fl.compute_law_blind_spot(isoflop) and fl.hidden_column_blind_spot("compute", isoflop) is None
     # a run missing a value (no unique tokens logged, a dense run without total parameters) is left out, not an error
     gaps = table.assign(params_total=table["params_active"])
     gaps.loc[0, "unique_tokens"] = np.nan
