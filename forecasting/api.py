@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forecasting import backtest as bt
 from forecasting import blend
 from forecasting import final_laws as fl
-from forecasting.selection import matched_progress_refusal, select_method
+from forecasting.selection import backtest_matched_progress, matched_progress_refusal, n_curve_runs, select_method
 from forecasting.bootstrap import Interval, percentile_interval, run_weights
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table
@@ -782,21 +782,34 @@ def refit_forecast(
 
 
 def backtest(table: pd.DataFrame, *, method: str = "auto") -> BacktestReport:
-    """Ordered-extrapolation backtests of a method on this ladder (compute, and prefix when curves exist)."""
+    """Ordered-extrapolation backtests of a method on this ladder, on the splits `auto` scores its candidates on
+    (`final_laws.backtest_law`: the k smallest runs fit, every larger run predicted, over up to five k), scored
+    on every eval of the held-out runs when three or more runs have curves (as for a target with a curve), else
+    on their final losses; plus a prefix backtest of each curve when runs have curves.
+    A method blind to what this ladder varies (the compute law at one budget over several sizes, a law that
+    cannot read unique tokens or total parameters the ladder varies) is still scored, with a warning: its
+    backtest cannot show that blind spot."""
     table = validate_table(table)
     method = choose_method(table) if method == "auto" else method
     results, warn = [], []
+    if method != "matched_progress" and method not in fl.FINAL_LAWS:
+        raise ValueError(f"unknown method {method!r}; one of matched_progress, {', '.join(fl.FINAL_LAWS)}")
+    # as `auto` scores its candidates for a target with a curve: every eval of the held-out runs, when runs have curves
+    curves = n_curve_runs(table) >= 3 and {"params_active", "tokens"} <= set(table.columns)
     try:
+        final = fl.final_points(table)
+        blind = fl.compute_law_blind_spot(final) if method == "compute" else None
+        blind = blind or fl.hidden_column_blind_spot(method, final)
+        if blind:
+            warn.append(f"{blind}: its backtest cannot show that")
         if method == "matched_progress":
-            results.append(bt.backtest_matched_progress(table))
-        elif method in ("chinchilla", "compute"):
-            results.append(bt.backtest_final_law(table, method))
-        elif method in fl.SURFACES:  # the expanding splits `auto` scores it on
-            results.append(fl.backtest_law(method, fl.final_points(table)))
+            results.append(backtest_matched_progress(table, curves=curves))
+        elif curves:
+            results.append(fl.backtest_law_curves(method, table))
         else:
-            raise ValueError(f"unknown method {method!r}")
+            results.append(fl.backtest_law(method, fl.fit_frame(method, table, warn=warn)))
     except FitError as e:
-        warn.append(f"compute backtest not possible: {e}")
+        warn.append(f"{method} backtest not possible: {e}")
     if table.groupby("run")["step"].nunique().max() >= 8:
         try:
             results.append(bt.backtest_prefix(table))

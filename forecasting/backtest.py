@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy.ndimage import maximum_filter1d
 
-from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
+from forecasting.fitting import FitError
 from forecasting.forecast import BacktestResult
 from forecasting.matched_progress import fit_profiled
 from forecasting.refit import fit_curve, lr_per_step, schedule_features
@@ -139,30 +139,6 @@ def _final_points(table: pd.DataFrame) -> pd.DataFrame:
     if "fraction" in last.columns:
         last = last[last["fraction"] >= FINISHED]
     return last
-
-
-def backtest_final_law(table: pd.DataFrame, law: str, *, holdout_fraction: float = 0.2) -> BacktestResult:
-    """Fit a final-loss law (chinchilla or compute) on the smaller-compute runs, predict the largest ones."""
-    final = _final_points(table)
-    comp = run_compute(final)
-    n_hold = max(1, int(round(holdout_fraction * len(comp))))
-    fit_runs, held = list(comp.index[:-n_hold]), list(comp.index[-n_hold:])
-    f = final.set_index("run")
-    c_max = float(comp.iloc[: len(fit_runs)].max())
-    if law == "chinchilla":
-        fitted, _ = fit_chinchilla(f.loc[fit_runs, "params_active"], f.loc[fit_runs, "tokens"], f.loc[fit_runs, "loss"])
-        pred = fitted.predict(f.loc[held, "params_active"], f.loc[held, "tokens"])
-    elif law == "compute":
-        fitted = fit_compute_law(comp.loc[fit_runs].to_numpy(), f.loc[fit_runs, "loss"].to_numpy())
-        pred = fitted.predict(comp.loc[held].to_numpy())
-    else:
-        raise ValueError(f"unknown final-loss law {law!r}")
-    rel = np.asarray(pred) / f.loc[held, "loss"].to_numpy() - 1
-    dist = np.log10(comp.loc[held].to_numpy() / c_max)
-    # a held-out run at the same compute as the largest fitted one still extrapolates a little
-    dist = np.maximum(dist, 0.05)
-    final = (held[-1], float(np.asarray(pred)[-1]), float(f.loc[held[-1], "loss"]))
-    return _summarise(law, "compute", held, list(rel), list(dist), final)
 
 
 def backtest_prefix(

@@ -629,9 +629,8 @@ def _print_forecast(forecast, where: str | None) -> None:
             table.add_row(str(point.step), _fmt(point.tokens, "tokens") if point.tokens else "-", f"{point.loss:.4f}", f"{point.lo:.4f}", f"{point.hi:.4f}")
         console.print(table)
     for result in forecast.backtest:
-        held = ", ".join(result.held_out[:6]) + (f" and {len(result.held_out) - 6} more" if len(result.held_out) > 6 else "")
         console.print(f"backtest of {result.method} ({result.kind}) on this ladder: rms error {result.rms_rel_error:.2%}, worst {result.max_abs_rel_error:.2%} "
-                      f"over {result.distance:.2f} units of extrapolation ({held})")
+                      f"over {result.distance:.2f} units of extrapolation ({_held_out(result.held_out)})")
     if forecast.selection:
         _print_selection(forecast.selection)
     for warning in forecast.warnings:
@@ -896,10 +895,14 @@ def backtest(
     for column in ("kind", "held out", "mean err", "rms err", "worst", "distance", "err per unit"):
         table_view.add_column(column)
     for r in report.results:
-        table_view.add_row(r.kind, ", ".join(r.held_out), f"{r.mean_rel_error:+.2%}", f"{r.rms_rel_error:.2%}", f"{r.max_abs_rel_error:.2%}", f"{r.distance:.2f}", f"{r.rate:.2%}")
+        table_view.add_row(r.kind, _held_out(r.held_out), f"{r.mean_rel_error:+.2%}", f"{r.rms_rel_error:.2%}", f"{r.max_abs_rel_error:.2%}", f"{r.distance:.2f}", f"{r.rate:.2%}")
     console.print(table_view)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+def _held_out(runs: list[str], shown: int = 6) -> str:
+    return ", ".join(runs[:shown]) + (f" and {len(runs) - shown} more" if len(runs) > shown else "")
 
 
 def _backtest_suite(quick: bool, datasets: str | None, methods: str | None, n_bootstrap: int, timeout: float | None,

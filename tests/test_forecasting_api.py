@@ -89,8 +89,14 @@ def test_chinchilla_ordered_backtest_fits_small_compute_predicts_large():
     rep = backtest(t)
     res = rep.results[0]
     assert rep.method == "chinchilla" and res.kind == "compute"
-    assert res.n_points == 48  # the top 20% of runs by compute, never seen by the fit
+    # auto's expanding splits: the smaller half of the runs by compute fits first, every larger run is predicted
+    order = t.assign(c=6 * t["params_active"] * t["tokens"]).sort_values("c")["run"].tolist()
+    assert set(res.held_out) == set(order[(len(order) + 1) // 2:]) and res.n_points > len(res.held_out)
     assert res.rms_rel_error < 0.03 and res.rate > 0
+    # the same evidence `auto` weighed when it chose among the candidates
+    from forecasting import final_laws as fl
+
+    assert res == fl.backtest_law("chinchilla", fl.fit_frame("chinchilla", t))
 
 
 def test_cli_json_documents_carry_final_loss_keys():
