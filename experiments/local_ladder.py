@@ -33,6 +33,17 @@ deterministic):
 - 10% warmup: r64 better (1.478 vs 1.541) but slopes -0.101, -0.119, -0.186, r64 from r24..r48 -10.8%;
 - 16 tokens per parameter (twice the compute): slopes -0.114, -0.143, -0.140, yet its hero was already
   below the band at a third of its run (stopped there: over the 15-minute budget).
+The heads do not follow one rule across the table (max(2, width // 32): the rungs keep two heads and grow the
+head dimension 12 -> 32, the hero has three heads of 32). Measured on an AMD EPYC host (rungs final 2.527 /
+2.221 / 1.784 / 1.530, hero 1.2460, v1 1.2301 [1.1933, 1.2681]):
+- the hero with the rungs' two heads (head dimension 48; rungs unchanged): final 1.2738, 2.2% worse, outside
+  v1's band (-3.4%): the rungs' trend over-predicts what a wider head gives;
+- head dimension 8 at every width (heads = width / 8, Marin's fixed head dimension): rungs 2.535 / 2.329 /
+  1.851 / 1.536 (slopes -0.088, -0.163, -0.181, steepening), hero 1.2483, v1 1.2536 (+0.4%) but its band
+  is +-29% and the curve is no closer (auto's worst eval +8.1% at 40% of the run, this table's -8.1% at 5%).
+So the table stays (one rule for the heads either put the hero outside its band or made the band useless), and
+its forecast's accuracy owes something to the hero's extra head: `ladder plan` and the stored forecast say so
+(ladder/recipe.py).
 End to end from an empty store, `ladder demo` (this file, embedded Ray, W&B off) took 4m29s on the
 shared 2-core machine: forecast 1.2389 [1.1597, 1.3180] before the hero started, actual 1.2488 (+0.80%,
 inside the band); the overlay's second refit said 1.2496 [1.2252, 1.2740].

@@ -220,10 +220,10 @@ def plan(
         memory_policy=memory_policy, headroom=hbm_headroom,
     )
     hours = {r.name: capacity[r.name].accelerator_hours if r.name in capacity else None for r in rows}
-    cadence_warnings = _eval_cadence_warnings(exp.dag)
+    plan_warnings = _eval_cadence_warnings(exp.dag) + _recipe_warnings(exp.dag)
     if as_json:
         print(json.dumps({"experiment": exp.ref, "root": store.url, "mfu": mfu, "price_per_hour": price_per_hour,
-                          "hbm_headroom": hbm_headroom, "warnings": cadence_warnings, "steps": [
+                          "hbm_headroom": hbm_headroom, "warnings": plan_warnings, "steps": [
             {"name": r.name, "kind": r.kind, "state": r.state, "detail": r.detail, "path": r.path, "fingerprint": r.fingerprint,
              "flops": r.flops, "accelerator_hours": hours[r.name], "waits_for": list(r.waits_for),
              **({"derived": exp.dag[r.name].derived.model_dump()} if r.kind == "train" else {}),
@@ -251,11 +251,20 @@ def plan(
         )
     console.print(table)
     _print_capacity(capacity)
-    for warning in cadence_warnings:
+    for warning in plan_warnings:
         err_console.print(f"[yellow]warning:[/] {warning}")
 
 
 MIN_CURVE_EVALS = 8  # a curve law has 3-4 parameters; fewer evals than this cannot show a curve's shape
+
+
+def _recipe_warnings(dag) -> list[str]:
+    """Settings each fit's target changes that its rungs all share (ladder.recipe), said before anything runs."""
+    from ladder.dag import FitStep
+    from ladder.recipe import departures_for
+
+    found = (departures_for(dag, step.target) for step in dag.steps.values() if isinstance(step, FitStep))
+    return [warning for warning in found if warning]
 
 
 def _eval_cadence_warnings(dag) -> list[str]:
@@ -767,7 +776,12 @@ def forecast(
                 prior = load_forecast(store, target)
                 result = api.refit_forecast(table, spec, live, prior=prior, n_bootstrap=n_bootstrap, seed=seed)
             else:
+                from ladder.recipe import departures_for
+
                 result = api.forecast_target(table, spec, method=method, n_bootstrap=n_bootstrap, seed=seed)
+                recipe_warning = departures_for(exp.dag, target)
+                if recipe_warning:  # as the fit step stores it
+                    result.warnings.append(recipe_warning)
             from ladder.fitting import forecast_options, store_forecast_if_changed
 
             _, stored_new = store_forecast_if_changed(

@@ -38,6 +38,7 @@ class ForecastSummary:
     lo: float
     hi: float
     created_at: float  # epoch seconds
+    warnings: tuple[str, ...] = ()  # the forecast's own (forecasting's, and ladder.recipe's departures)
 
     @property
     def band(self) -> str:
@@ -203,6 +204,7 @@ def verdict_lines(result: DemoResult) -> list[str]:
                 else f"{made}, {-lead:.1f} s AFTER {result.target} started at {_clock(result.hero_started_at)}" if lead is not None
                 else f"{made}; {result.target}'s start time unknown")
         lines.append(f"forecast v{f.version} of {result.target} ({when}): final eval loss {f.band}")
+        lines += [f"  warning: {w}" for w in f.warnings]
     if _finite(result.actual_final_loss):
         lines.append(f"actual final eval loss of {result.target}: {result.actual_final_loss:.4f}")
     if result.error is not None:
@@ -237,6 +239,7 @@ def _summary(version: int, payload: dict[str, Any]) -> ForecastSummary:
         lo=float(payload["final_loss_lo"]),
         hi=float(payload["final_loss_hi"]),
         created_at=_epoch(payload.get("created_at")),
+        warnings=tuple(str(w) for w in payload.get("warnings") or ()),
     )
 
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable
 
 from ladder.dag import DAG, FitStep, FunctionStep, Step, TrainStep
 from ladder.gang import run_gang, uses_gang
+from ladder.recipe import departures_for
 from ladder.spec import SPEC_FORMAT_VERSION, ResourceSpec
 from ladder.store import Heartbeat, Store, StoreError, holder_is_gone, lease_ttl_seconds, new_owner_id
 
@@ -170,6 +171,8 @@ class StepTask:
     dependency_fingerprints: dict[str, str]
     target: Step | None = None
     target_fingerprint: str | None = None
+    # FitStep: what the target changes that its rungs all share (ladder.recipe), added to the stored forecast's warnings
+    recipe_warning: str | None = None
     lease_ttl: float = field(default_factory=lease_ttl_seconds)
     # live forecast overlay of a TrainStep (ladder.overlay): set by run() when a FitStep targets the step
     forecast_planned: bool = False
@@ -564,6 +567,7 @@ def run(
             dependency_fingerprints={d: dag.fingerprints[d] for d in step.deps},
             target=dag[step.target] if isinstance(step, FitStep) else None,
             target_fingerprint=dag.fingerprints[step.target] if isinstance(step, FitStep) else None,
+            recipe_warning=departures_for(dag, step.target) if isinstance(step, FitStep) else None,
             **(_overlay_fields(dag, store, name) if isinstance(step, TrainStep) else {}),
             wandb_env=wandb_context(dag, store, name, experiment),
         )

@@ -166,6 +166,8 @@ def run_fit_step(step: FitStep, context, task, store: Store) -> dict[str, Any]:
     forecast = api.forecast_target(
         table, target, method=step.config.method, n_bootstrap=step.config.n_bootstrap, seed=step.config.seed
     )
+    if task.recipe_warning:
+        forecast.warnings.append(task.recipe_warning)
     version = store_forecast(
         store, forecast,
         meta={"fit_step": step.name, "fit_fingerprint": task.fingerprint, "target_fingerprint": task.target_fingerprint,

@@ -78,4 +78,6 @@ def test_ladder_submit_trains_the_mini_ladder_and_forecasts_its_hero(tmp_path):
     assert math.isfinite(actual) and actual < finals[-1]
     # measured: forecast 1.6504 [1.2889, 2.0120], actual 1.4539 (-11.9%); the hero's extra steps put it below the law
     assert forecast["final_loss_lo"] <= actual <= forecast["final_loss_hi"], (forecast, actual)
+    # the mini hero keeps two KV heads where its rungs have one (ladder.recipe): the stored forecast names it
+    assert any("model.num_kv_heads 2 (every rung: 1)" in w for w in forecast["warnings"]), forecast["warnings"]
     assert abs(error) < 0.2, (forecast["final_loss"], actual)

@@ -59,6 +59,9 @@ def assert_whole_chain(root: Path, out: str) -> None:
 
     assert datetime.fromisoformat(v1["created_at"]).timestamp() < hero_status["started_at"]
     assert v1["final_loss_lo"] < v1["final_loss"] < v1["final_loss_hi"]
+    # the quick hero has a third layer where every rung has two (ladder.recipe): the stored forecast says so
+    departure = "hero-quick changes what its 4 rungs hold fixed: model.num_layers 3 (every rung: 2)"
+    assert any(w.startswith(departure) for w in v1["warnings"]), v1["warnings"]
 
     # overlay: every eval of the hero carries the band it was judged against
     hero_evals = _evals(run_dir["hero-quick"])
@@ -70,6 +73,7 @@ def assert_whole_chain(root: Path, out: str) -> None:
 
     # the printed verdict is the store's numbers
     assert f"forecast v1 of hero-quick" in out and f"{v1['final_loss']:.4f}" in out
+    assert f"  warning: {departure}" in out
     assert f"actual final eval loss of hero-quick: {actual:.4f}" in out
     assert f"error: {100 * (actual / v1['final_loss'] - 1):+.2f}%" in out
     png = root / "reports" / "local_ladder_quick" / "hero-quick.png"
@@ -142,11 +146,13 @@ def test_verdict_uses_the_fit_steps_forecast_and_counts_overlay_refits(tmp_path)
 
 
 def test_verdict_says_outside_the_band_and_a_forecast_made_after_the_start():
-    forecast = ForecastSummary(version=1, final_loss=2.0, lo=1.9, hi=2.1, created_at=1000.0)
+    forecast = ForecastSummary(version=1, final_loss=2.0, lo=1.9, hi=2.1, created_at=1000.0,
+                               warnings=("hero changes what its 2 rungs hold fixed: model.num_heads 3 (every rung: 2). ...",))
     result = DemoResult(experiment="e", root="/r", target="hero", states={"a": "done"}, forecast=forecast,
                         hero_started_at=940.0, actual_final_loss=2.3)
     text = "\n".join(verdict_lines(result))
     assert "60.0 s AFTER hero started" in text
+    assert "(95%)\n  warning: hero changes what its 2 rungs hold fixed: model.num_heads 3" in text  # under the forecast it qualifies
     assert "error: +15.00% of the forecast; OUTSIDE the 95% band" in text
     assert result.exit_code == 0
 
