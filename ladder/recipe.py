@@ -47,6 +47,7 @@ def recipe_settings(spec) -> dict[str, Any]:
         out[f"train.{field}"] = doc["train"][field]
     model = spec.model
     out["model.head_dim"] = model.head_dim or model.hidden_dim // model.num_heads
+    out["model.moe"] = "dense" if model.moe is None else "MoE"
     return {key: value for key, value in out.items() if key not in EXECUTION_ONLY}
 
 
@@ -61,14 +62,19 @@ def recipe_departures(rungs: Mapping[str, Any], target_name: str, target) -> str
         return None
     rung_settings = [recipe_settings(spec) for spec in rungs.values()]
     target_settings = recipe_settings(target)
-    changed = []
-    for key, value in target_settings.items():
-        values = [s.get(key, "<unset>") for s in rung_settings]
+    keys = list(dict.fromkeys([*target_settings, *(key for s in rung_settings for key in s)]))
+    changed: dict[str, str] = {}
+    for key in keys:
+        values = [s.get(key, "unset") for s in rung_settings]
+        value = target_settings.get(key, "unset")
         if all(v == values[0] for v in values) and value != values[0]:
-            changed.append(f"{key} {_show(value)} (every rung: {_show(values[0])})")
+            changed[key] = f"{key} {_show(value)} (every rung: {_show(values[0])})"
+    # a changed section (a dense target of MoE rungs) is named once, not with every field inside it
+    changed = {k: text for k, text in changed.items() if not any(k.startswith(parent + ".") for parent in changed)}
     if not changed:
         return None
-    listed = "; ".join(changed[:MAX_LISTED]) + (f"; and {len(changed) - MAX_LISTED} more" if len(changed) > MAX_LISTED else "")
+    texts = list(changed.values())
+    listed = "; ".join(texts[:MAX_LISTED]) + (f"; and {len(texts) - MAX_LISTED} more" if len(texts) > MAX_LISTED else "")
     return (f"{target_name} changes what its {len(rungs)} rungs hold fixed: {listed}. The law fitted to the rungs has never "
             "seen these changes; neither the forecast nor its band accounts for what they do to the loss")
 
