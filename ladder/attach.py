@@ -249,8 +249,7 @@ def attach_run(
             raise
         finally:
             if overlay is not None:
-                overlay.wait(None if not interrupted_by_user else 5.0)  # a refit in flight stores its version
-                overlay._collect_refit()
+                overlay.drain(None if not interrupted_by_user else 5.0)  # a refit in flight stores its version
                 outcome.refits = overlay.refits_started
                 outcome.alerts = len(overlay.alerts)
     sink.close()

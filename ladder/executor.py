@@ -352,6 +352,8 @@ def _run_step_body(step: Step, context: StepContext, task: StepTask, store: Stor
             hooks.append(overlay)
         result = train(step.spec.job(), context.run_dir, hooks=hooks, should_stop=context.should_stop)
         payload = result.model_dump(mode="json") if hasattr(result, "model_dump") else dict(result)
+        if overlay is not None:
+            overlay.drain() if payload.get("completed", True) else overlay.drain(5.0)
         return payload, bool(payload.get("completed", True))
     if isinstance(step, FitStep):
         from ladder.fitting import run_fit_step

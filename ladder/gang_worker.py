@@ -46,6 +46,9 @@ def main(argv: list[str]) -> int:
             "traceback": traceback.format_exc()[-6000:],
         })
         raise
+    for hook in hooks:  # the overlay: a refit in flight stores its version before the gang reports done
+        if hasattr(hook, "drain"):
+            hook.drain()
     if rank == 0:
         payload = result.model_dump(mode="json")
         _write_json(os.path.join(gang_dir, "result.json"), {**payload, "attempt": gang_task["attempt"], "finished_at": time.time()})

@@ -33,6 +33,7 @@ from ladder.store import Store
 log = logging.getLogger(__name__)
 
 DEFAULT_REFIT_EVERY = 10
+REFIT_DRAIN_SECONDS = 120.0  # how long the end of a run waits for a refit in flight to store its version
 Z95 = 1.96
 
 
@@ -216,6 +217,12 @@ class ForecastOverlay:
                     f"forecast version {self.version} stays.",
         )
         self._emit([alert])
+
+    def drain(self, timeout: float | None = REFIT_DRAIN_SECONDS) -> None:
+        """At the end of a run: let a refit in flight store its version (a refit started a process and may not have
+        landed before the last eval on a loaded machine; the worker's exit would lose it), then report its outcome."""
+        self.wait(timeout)
+        self._collect_refit()
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for a running refit (tests, end of training); its result is picked up at the next call."""
