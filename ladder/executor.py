@@ -340,6 +340,7 @@ def _run_step_body(step: Step, context: StepContext, task: StepTask, store: Stor
         payload["gang_attempts"] = len(gang.attempts)
         return payload, bool(payload.get("completed", True))
     if isinstance(step, TrainStep):
+        from ladder.overlay import REFIT_DRAIN_SECONDS
         from trainer import train
 
         def progress_hook(step_number: int, metrics: dict[str, Any]) -> None:
@@ -352,8 +353,8 @@ def _run_step_body(step: Step, context: StepContext, task: StepTask, store: Stor
             hooks.append(overlay)
         result = train(step.spec.job(), context.run_dir, hooks=hooks, should_stop=context.should_stop)
         payload = result.model_dump(mode="json") if hasattr(result, "model_dump") else dict(result)
-        if overlay is not None:
-            overlay.drain() if payload.get("completed", True) else overlay.drain(5.0)
+        if overlay is not None:  # an interrupted run waits only briefly for a refit in flight
+            overlay.drain(REFIT_DRAIN_SECONDS if payload.get("completed", True) else 5.0)
         return payload, bool(payload.get("completed", True))
     if isinstance(step, FitStep):
         from ladder.fitting import run_fit_step

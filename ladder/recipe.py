@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ladder.dag import DAG, TrainStep
+from ladder.fitting import ladder_runs_for
 
 # fields that change how a step runs, not the function it learns or the metric it logs
 EXECUTION_ONLY = frozenset({"model.scan_layers", "model.kv_heads_layout", "model.moe.dispatch"})
@@ -81,8 +82,6 @@ def recipe_departures(rungs: Mapping[str, Any], target_name: str, target) -> str
 
 def departures_for(dag: DAG, target: str) -> str | None:
     """`recipe_departures` of `target` against the training steps a forecast of it reads (`ladder_runs_for`)."""
-    from ladder.fitting import ladder_runs_for
-
     step = dag[target]
     if not isinstance(step, TrainStep):
         return None
