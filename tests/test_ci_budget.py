@@ -1,9 +1,14 @@
-"""CI's time budget for the slow set (tests/conftest.py): a spent budget skips what has not started, and says so."""
+"""CI's time budget for the slow set (tests/conftest.py): a spent budget skips what has not started, and says so; and an
+end-to-end run that hangs fails its test with where it hung (tests/ladder_helpers.run_logged), not a silent timeout."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from tests.ladder_helpers import run_logged
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,3 +30,26 @@ def test_a_spent_budget_skips_a_test_that_has_not_started_and_names_the_reason(t
 def test_without_a_budget_or_before_it_every_test_runs(tmp_path):
     assert "1 passed" in _run(tmp_path, None).stdout
     assert "1 passed" in _run(tmp_path, "99999999999").stdout
+
+
+def test_a_run_past_its_limit_fails_with_its_output_and_every_threads_stack(tmp_path):
+    module = tmp_path / "hangs_here.py"
+    module.write_text("import threading, time\nprint('started', flush=True)\n"
+                      "threading.Thread(target=time.sleep, args=(600,), name='stuck-helper').start()\n"
+                      "def wait_forever():\n    time.sleep(600)\nwait_forever()\n")
+    root = tmp_path / "root"
+    (root / "runs" / "hero-abc").mkdir(parents=True)
+    (root / "runs" / "hero-abc" / "status.json").write_text('{"state": "running", "progress": {"step": 40}}')
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run_logged("hangs_here", [], env={**os.environ, "PYTHONPATH": str(tmp_path)}, log_path=tmp_path / "run.log",
+                   timeout=3, root=root, cwd=tmp_path)
+    message = str(failure.value)
+    assert "did not finish in 3 s" in message and "hero-abc: running (step 40)" in message
+    assert "started" in message and "wait_forever" in message and message.count("hread 0x") >= 2, message
+
+
+def test_a_run_that_finishes_returns_its_output(tmp_path):
+    (tmp_path / "says_hello.py").write_text("import sys\nprint('hello')\nprint('careful', file=sys.stderr)\nsys.exit(3)\n")
+    done = run_logged("says_hello", [], env={**os.environ, "PYTHONPATH": str(tmp_path)}, log_path=tmp_path / "run.log",
+                      timeout=60, cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "hello\n", "careful\n")

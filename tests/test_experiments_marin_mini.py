@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 
 from ladder.loader import load_experiment
 from ladder.store import Store
+from tests.ladder_helpers import run_logged
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "experiments/marin_mini.py"
@@ -53,8 +52,8 @@ def test_the_mini_ladder_follows_marins_rules():
 def test_ladder_submit_trains_the_mini_ladder_and_forecasts_its_hero(tmp_path):
     root = tmp_path / "root"
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "LADDER_ROOT": str(root)}
-    proc = subprocess.run([sys.executable, "-m", "ladder.cli", "submit", EXPERIMENT], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    # under pytest's 900 s, so that a hang reports its stacks (ladder_helpers.run_logged); alone it takes 3-6 min
+    proc = run_logged("ladder.cli", ["submit", EXPERIMENT], env=env, log_path=tmp_path / "submit.log", timeout=840, root=root, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     exp = load_experiment(EXPERIMENT)
@@ -79,5 +78,8 @@ def test_ladder_submit_trains_the_mini_ladder_and_forecasts_its_hero(tmp_path):
     # measured: forecast 1.6504 [1.2889, 2.0120], actual 1.4539 (-11.9%); the hero's extra steps put it below the law
     assert forecast["final_loss_lo"] <= actual <= forecast["final_loss_hi"], (forecast, actual)
     # the mini hero keeps two KV heads where its rungs have one (ladder.recipe): the stored forecast names it
-    assert any("model.num_kv_heads 2 (every rung: 1)" in w for w in forecast["warnings"]), forecast["warnings"]
+    # ... and so does every refit the live overlay stored while the hero trained (refit_forecast keeps the prior's)
+    for path in sorted((root / "forecasts" / "hero").glob("*.json")):
+        warnings = json.loads(path.read_text())["warnings"]
+        assert any("model.num_kv_heads 2 (every rung: 1)" in w for w in warnings), (path.name, warnings)
     assert abs(error) < 0.2, (forecast["final_loss"], actual)

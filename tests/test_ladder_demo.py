@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from ladder.demo import QUICK_EXPERIMENT, DemoResult, ForecastSummary, collect_v
 from ladder.dag import FitStep, TrainStep
 from ladder.loader import load_experiment
 from ladder.store import Store
+from tests.ladder_helpers import run_logged
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,8 +32,8 @@ def _evals(run_dir: Path) -> list[dict]:
 def test_quick_demo_runs_the_whole_chain_and_a_second_run_reuses_it(tmp_path):
     root = tmp_path / "root"
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
-    first = subprocess.run([sys.executable, "-m", "ladder.demo", "--quick", "--root", str(root)], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=900)
+    first = run_logged("ladder.demo", ["--quick", "--root", str(root)], env=env, log_path=tmp_path / "demo.log", timeout=840,
+                       root=root, cwd=REPO)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
     assert_whole_chain(root, first.stdout)
 
