@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import warnings as _warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
 import fsspec
@@ -58,7 +58,7 @@ from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table
 from forecasting.matched_progress import early_extension_error, fit_profiled
 from forecasting.refit import fit_curve, schedule_features
-from forecasting.table import TableError, find_duplicate_runs, from_run_dirs, read_table_file, validate_table
+from forecasting.table import TableError, find_duplicate_runs, from_run_dirs, mixed_groups, read_table_file, select_rows, validate_table
 
 Z95 = 1.959963984540054
 METHODS = ("matched_progress", "chinchilla", "compute", "multipower", "overtrain", "farseer", "moe", "data_constrained")
@@ -246,8 +246,14 @@ class BacktestReport(BaseModel):
 # ---------------------------------------------------------------- loading
 
 
-def load_table(path_or_dirs: str | Sequence[str] | pd.DataFrame) -> pd.DataFrame:
-    """A CSV/parquet file, a run directory, a directory of run directories, or a list of run directories."""
+def load_table(path_or_dirs: str | Sequence[str] | pd.DataFrame, *, where: Mapping[str, str | float] | None = None) -> pd.DataFrame:
+    """A CSV/parquet file, a run directory, a directory of run directories, or a list of run directories; with
+    `where`, only the rows whose columns equal those values (`forecasting.table.select_rows`)."""
+    table = _load_table(path_or_dirs)
+    return validate_table(select_rows(table, where)) if where else table
+
+
+def _load_table(path_or_dirs: str | Sequence[str] | pd.DataFrame) -> pd.DataFrame:
     if isinstance(path_or_dirs, pd.DataFrame):
         return validate_table(path_or_dirs)
     if isinstance(path_or_dirs, (list, tuple)):
@@ -441,11 +447,26 @@ def _final_fields(run: str, value: float, boot: list[float]) -> dict:
 
 
 def _drop_duplicate_runs(table: pd.DataFrame, warn: list[str]) -> pd.DataFrame:
+    """The table without runs logged twice under two names, and a warning for a column that splits it into ladders no
+    law tells apart (`forecasting.table.mixed_groups`)."""
     pairs = find_duplicate_runs(table)
     if pairs:
         warn.append(f"identical runs under different names (kept the first, dropped the copy): {pairs}")
         table = table[~table["run"].isin([dup for _, dup in pairs])].reset_index(drop=True)
+    warn.extend(mixed_groups_warning(group) for group in mixed_groups(table))
     return table
+
+
+def mixed_groups_warning(group: dict) -> str:
+    """One line for a `forecasting.table.mixed_groups` item: what splits the table, by how much, and how to pick one."""
+    runs = ", ".join(f"{value}: {n} runs" for value, n in list(group["runs"].items())[:6])
+    more = f" and {len(group['runs']) - 6} more values" if len(group["runs"]) > 6 else ""
+    column = group["column"]
+    also = "".join(f" and {c!r}" for c in group.get("same_split", []))
+    return (f"the runs differ in {column!r}{also} ({runs}{more}), and at equal size and tokens their final losses differ by "
+            f"{group['median_gap']:.1%} (median over {group['matched']} matched sizes): no law reads {column!r}, so they are "
+            f"fitted as one ladder and the forecast is of none of them; forecast one at a time (`--where {column}=VALUE`, "
+            "or forecasting.table.select_rows)")
 
 
 def _residuals(final: pd.DataFrame, pred: np.ndarray) -> list[dict]:
@@ -792,6 +813,7 @@ def backtest(table: pd.DataFrame, *, method: str = "auto") -> BacktestReport:
     table = validate_table(table)
     method = choose_method(table) if method == "auto" else method
     results, warn = [], []
+    table = _drop_duplicate_runs(table, warn)
     if method != "matched_progress" and method not in fl.FINAL_LAWS:
         raise ValueError(f"unknown method {method!r}; one of matched_progress, {', '.join(fl.FINAL_LAWS)}")
     # as `auto` scores its candidates for a target with a curve: every eval of the held-out runs, when runs have curves

@@ -311,6 +311,95 @@ def run_summary(table: pd.DataFrame) -> pd.DataFrame:
     return last
 
 
+# law inputs a final point is matched on across groups (those present), and the final-loss gap between groups at
+# matched inputs above which a column is reported as splitting the table (seeds of one recipe differ by less)
+MATCH_INPUTS = ("params_active", "params_total", "tokens", "unique_tokens")
+MATCH_TOLERANCE = 0.005
+MIXED_GAP = 0.01
+
+
+def select_rows(table: pd.DataFrame, where: Mapping[str, str | float]) -> pd.DataFrame:
+    """The rows whose `column` equals `value` for every item of `where` (a number column compares as a number).
+
+    Why: a table exported from several sweeps (corpora, recipes, tokenizers) holds ladders that no law should fit as
+    one; this picks one of them, and says which values exist when nothing matches."""
+    out = table
+    for column, value in where.items():
+        if column not in out.columns:
+            extra = sorted(c for c in table.columns if c not in COLUMNS)
+            raise TableError(f"no column {column!r} to select on; the table's other columns: {extra or 'none'}")
+        values = out[column]
+        if pd.api.types.is_numeric_dtype(values):
+            try:
+                keep = np.isclose(values.to_numpy(float), float(value), rtol=1e-9, atol=0.0)
+            except (TypeError, ValueError):
+                raise TableError(f"column {column!r} holds numbers; {value!r} is not one") from None
+        else:
+            keep = (values.astype(str) == str(value)).to_numpy()
+        if not keep.any():
+            shown = sorted(map(str, table[column].unique()))
+            listed = ", ".join(shown[:20]) + (f" and {len(shown) - 20} more" if len(shown) > 20 else "")
+            raise TableError(f"no row has {column} = {value!r}" + (" (with the other conditions)" if out is not table else "")
+                             + f"; its values: {listed}")
+        out = out[keep]
+    return out.reset_index(drop=True)
+
+
+def mixed_groups(table: pd.DataFrame) -> list[dict]:
+    """Columns outside the schema that split the table into ladders a law cannot tell apart: text columns constant
+    within each run whose values differ between runs of equal size and tokens (MATCH_INPUTS within MATCH_TOLERANCE)
+    by more than MIXED_GAP in final loss (the median over the matched inputs).
+
+    Why: no law reads such a column (a corpus, a tokenizer, a recipe name), so runs of two corpora at one size and
+    token count look like one ladder with noisy losses; the fit lands between them and its forecast is of neither.
+    A column whose groups never meet at equal inputs (a size label, or corpora at disjoint sizes) cannot be
+    judged this way and is not reported, nor is one whose groups logged different LR curves (schedules the
+    curve laws tell apart through `lr`). Each item: column, runs per value, matched inputs, median gap, and the
+    other columns that split the runs the same way (same_split)."""
+    candidates = [c for c in table.columns if c not in COLUMNS and not pd.api.types.is_numeric_dtype(table[c])]
+    if not candidates or "loss" not in table.columns:
+        return []
+    final = run_summary(table)
+    inputs = [c for c in MATCH_INPUTS if c in final.columns]
+    if not inputs:
+        return []
+    key = pd.Series(list(zip(*(np.round(np.log(final[c].to_numpy(float)) / MATCH_TOLERANCE).astype(np.int64)
+                               for c in inputs), strict=True)), index=final.index)
+    # a logged LR tells runs on different schedules apart (the curve laws read it): such a column is not hidden
+    lr_shape = table.groupby("run")["lr"].agg(["mean", "last"]).reindex(final.index) if "lr" in table.columns else None
+    found: list[dict] = []
+    partitions: dict[tuple, dict] = {}
+    for column in candidates:
+        if (table.groupby("run")[column].nunique(dropna=False) > 1).any() or final[column].nunique() < 2:
+            continue
+        partition = tuple(pd.factorize(final[column].astype(str))[0])
+        if partition in partitions:  # another name for a split already reported (a config name and its corpus)
+            partitions[partition]["same_split"].append(column)
+            continue
+        gaps = []
+        for _, runs in final.groupby(key):
+            by_value = np.log(runs["loss"].to_numpy(float))
+            values = runs[column].astype(str).to_numpy()
+            if len(set(values)) < 2:
+                continue
+            if lr_shape is not None and _lr_tells_apart(lr_shape.loc[runs.index], values):
+                continue
+            means = [by_value[values == v].mean() for v in sorted(set(values))]
+            gaps.append(float(np.exp(max(means) - min(means)) - 1))
+        if gaps and float(np.median(gaps)) > MIXED_GAP:
+            found.append({"column": column, "runs": final[column].astype(str).value_counts().sort_index().to_dict(),
+                          "matched": len(gaps), "median_gap": float(np.median(gaps)), "same_split": []})
+            partitions[partition] = found[-1]
+    return found
+
+
+def _lr_tells_apart(lr_shape: pd.DataFrame, values: np.ndarray) -> bool:
+    """Whether runs of different `values` logged different LR curves (mean or last LR more than 1% apart)."""
+    shapes = {v: lr_shape[values == v].mean().to_numpy(float) for v in set(values)}
+    ref = next(iter(shapes.values()))
+    return any(not np.allclose(s, ref, rtol=0.01) for s in shapes.values())
+
+
 def find_duplicate_runs(table: pd.DataFrame) -> list[tuple[str, str]]:
     """Pairs (kept, duplicate) of runs whose rows are identical in every column but the name: one run logged twice under
     two names would count as two independent runs in a bootstrap and fake confidence."""

@@ -547,8 +547,23 @@ def _is_table(source: str) -> bool:
     return os.path.isdir(source) or "://" in source
 
 
-def _load_table(source: str):
-    """forecasting.api.load_table, its torn-line warnings printed as one line each."""
+WHERE_HELP = ("With a table: keep only the rows whose COLUMN equals VALUE (COLUMN=VALUE; repeat to combine), e.g. one "
+              "corpus of a table that holds several.")
+
+
+def _parse_where(where: list[str] | None) -> dict[str, str]:
+    """--where COLUMN=VALUE options as {column: value}."""
+    out: dict[str, str] = {}
+    for item in where or []:
+        column, sep, value = item.partition("=")
+        if not sep or not column.strip():
+            _fail(f"--where takes COLUMN=VALUE; got {item!r}.")
+        out[column.strip()] = value.strip()
+    return out
+
+
+def _load_table(source: str, where: list[str] | None = None):
+    """forecasting.api.load_table (only the rows --where selects), its torn-line warnings printed as one line each."""
     import warnings
 
     from forecasting import api
@@ -556,7 +571,7 @@ def _load_table(source: str):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TornLineWarning)
-        table = api.load_table(source)
+        table = api.load_table(source, where=_parse_where(where))
     for warning in caught:
         if issubclass(warning.category, TornLineWarning):
             err_console.print(f"[yellow]warning:[/] {warning.message}")
@@ -592,6 +607,16 @@ def _forecasting_error(error: Exception) -> None:
         _fail(f"the table has no {column!r} column, which this law needs; add it, or register each run with "
               "`ladder import EXP STEP SOURCE`, whose step spec supplies params, tokens and FLOPs.")
     _fail(f"{type(error).__name__}: {error}", EXIT_FAILED if not isinstance(error, (ValueError, KeyError)) else EXIT_BAD_INPUT)
+
+
+def _source_table(source: str, root: str | None, where: list[str] | None):
+    """The table of runs `source` names: a table file or run folder (its rows --where selects), or an experiment's
+    training steps."""
+    if _is_table(source):
+        return _load_table(source, where)
+    if where:
+        _fail("--where selects rows of a table of runs; an experiment's runs are its steps.")
+    return _experiment_table(_load(source), _store(root), None)
 
 
 def _experiment_table(exp: Experiment, store: Store, target: str | None):
@@ -654,12 +679,13 @@ def fit(
     n_bootstrap: int = typer.Option(200, help="Bootstrap resamples over runs for the intervals."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the fit as one JSON document."),
+    select: Optional[list[str]] = typer.Option(None, "--where", help=WHERE_HELP),
 ) -> None:
     """Fit a scaling law to finished runs; every parameter with its 95% interval."""
     from forecasting import api
 
     try:
-        table = _load_table(source) if _is_table(source) else _experiment_table(_load(source), _store(root), None)
+        table = _source_table(source, root, select)
         result = api.fit_ladder(table, law=law, n_bootstrap=n_bootstrap, seed=seed)
     except typer.Exit:
         raise
@@ -728,6 +754,7 @@ def forecast(
     decay_fraction: float = typer.Option(0.2, help="With --schedule wsd: fraction of steps in the cooldown."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document: final_loss, final_loss_lo, final_loss_hi, curve, ..."),
     with_schedule: bool = typer.Option(False, "--with-schedule", help="With --json: keep target.lr, the LR at every step (left out by default)."),
+    select: Optional[list[str]] = typer.Option(None, "--where", help=WHERE_HELP),
 ) -> None:
     """Forecast a run's whole loss curve and final loss with a band; with an experiment, store it as a new version
     (only when the inputs, method or options changed: otherwise it says which stored version it equals)."""
@@ -741,7 +768,7 @@ def forecast(
         if _is_table(source):
             if params_active is None or tokens is None:
                 _fail("with a table, describe the target: --params-active N --tokens D (and optionally --num-steps, --flops).")
-            table = _load_table(source)
+            table = _load_table(source, select)
             lr = _schedule_values(schedule, peak_lr, num_steps, warmup, min_lr_fraction, decay_fraction)
             try:
                 spec = TargetSpec(name=name, params_active=params_active, params_total=params_total, tokens=tokens,
@@ -753,6 +780,8 @@ def forecast(
             from ladder.dag import DagError, TrainStep
             from ladder.fitting import load_forecast, target_spec
 
+            if select:
+                _fail("--where selects rows of a table of runs; an experiment's runs are its steps.")
             exp = _load(source)
             store = _store(root)
             if target is None:
@@ -883,6 +912,7 @@ def backtest(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="With --suite: seconds per forecast call before it counts as a timeout (default 120; 10 with --quick)."),
     budget: Optional[float] = typer.Option(None, "--budget", help="With --suite: seconds one method may spend on one data set, the rest skipped (default 600; 10 with --quick)."),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="With --suite: also write the report to this file."),
+    select: Optional[list[str]] = typer.Option(None, "--where", help=WHERE_HELP),
 ) -> None:
     """How wrong a method is on this ladder: fit the smaller runs (or a curve's prefix), predict the rest.
 
@@ -896,7 +926,7 @@ def backtest(
     if source is None:
         _fail("give an experiment or a table of runs to backtest, or --suite for the public backtest suite.")
     try:
-        table = _load_table(source) if _is_table(source) else _experiment_table(_load(source), _store(root), None)
+        table = _source_table(source, root, select)
         report = api.backtest(table, method=method)
     except typer.Exit:
         raise
