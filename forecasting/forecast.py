@@ -83,10 +83,21 @@ class BacktestResult(BaseModel):
     max_abs_rel_error: float = Field(description="Worst absolute relative error.")
     distance: float = Field(description="Extrapolation distance of the backtest (decades of compute, or ln of step ratio).")
     rate: float = Field(
-        description="rms_rel_error / mean distance: error per unit of extrapolation (error assumed to grow "
-        "linearly with distance), used to widen bands."
+        description="RMS error / mean distance of the points it is measured on (rate_points, rate_distance): error "
+        "per unit of extrapolation (error assumed to grow linearly with distance), used to choose a method and widen bands."
     )
     n_points: int = Field(description="Points scored.")
+    rate_points: int | None = Field(
+        None, description="Of n_points, how many `rate` was measured on: the expanding splits that fit the most runs, "
+        "and every split along tokens per parameter (forecasting.final_laws); None = all of them.")
+    rate_distance: float | None = Field(
+        None, description="Mean distance of the points `rate` was measured on (None = `distance`): a band is never "
+        "narrower than rate x this distance.")
+
+    @property
+    def distance_of_rate(self) -> float:
+        """The mean distance of the points the rate was measured on."""
+        return self.distance if self.rate_distance is None else self.rate_distance
     tokens_per_param_points: int = Field(
         0, description="Of n_points, how many came from splits along tokens per parameter (fit the runs on one side "
         "of a D/N cut, predict the other): the evidence for a target whose D/N lies outside the runs' range.")

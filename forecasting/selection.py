@@ -5,7 +5,8 @@ in tokens per parameter, its sparsity, its schedule), and the only evidence a us
 predicted the ladder's own larger runs. Every applicable candidate is backtested on the same expanding
 splits (fit the smaller runs by compute, predict every larger one; `forecasting.final_laws`), scored by
 its error per unit of extrapolation distance (decades of compute or model size beyond the fitted runs,
-plus decades of tokens per parameter outside them), and the candidate with the smallest expected error at the
+plus decades of tokens per parameter outside them) on the splits that fit the most runs (`final_laws.LATE_SPLITS`:
+the ones most like the forecast, which fits every run), and the candidate with the smallest expected error at the
 target's own distance wins. The expected error carries the same small-sample factor as the band's extrapolation
 term (`final_laws.small_sample_factor` of the independent errors the backtest measured, 1.62x for one held-out
 size, 1.11x for ten): a law whose larger fits leave it a single held-out size to be scored on (Chinchilla's five
@@ -78,7 +79,9 @@ def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5, curve
     last = fl.last_points(table)
     held, rel, dist, final = [], [], [], None
     sizes: list[float] = []  # of the held-out runs, counted as the final laws' backtests count them
-    for k in fl._splits(len(last), 3, max_splits):
+    point_split: list[int] = []  # each point's split and each held run's, as the final laws' backtests record them
+    held_split: list[int] = []
+    for i, k in enumerate(fl._splits(len(last), 3, max_splits)):
         fit_runs = list(last["run"].iloc[:k])
         try:
             fit = fit_profiled(table[table["run"].isin(fit_runs)], min_runs=3)
@@ -96,11 +99,13 @@ def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5, curve
         else:
             rel.extend(pred / part["loss"].to_numpy(float) - 1)
             dist.extend(d)
+        point_split.extend([i] * (len(rel) - len(point_split)))
         held.extend(part["run"].astype(str))
+        held_split.extend([i] * len(part))
         if "params_active" in part.columns:
             sizes.extend(part["params_active"].astype(float))
         final = (str(part["run"].iloc[-1]), float(pred[-1]), float(part["loss"].iloc[-1]))
-    return fl.summarise("matched_progress", held, rel, dist, final, sizes)
+    return fl.summarise("matched_progress", held, rel, dist, final, sizes, point_split=point_split, held_split=held_split)
 
 
 def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: list[str]) -> tuple[str, list[dict], list[str]]:
@@ -223,7 +228,7 @@ def _evidence(method: str, run_backtest, tp: dict, ref: dict | None) -> dict:
     factor = fl.small_sample_factor(n_independent)
     raw = float(res.rate * d_target) if np.isfinite(d_target) else res.rms_rel_error
     out.update(backtest_rms=res.rms_rel_error, backtest_mean=res.mean_rel_error, rate=res.rate,
-               backtest_points=res.n_points, tokens_per_param_points=res.tokens_per_param_points, target_distance=d_target,
+               backtest_points=res.n_points, rate_points=res.rate_points or res.n_points, tokens_per_param_points=res.tokens_per_param_points, target_distance=d_target,
                independent_errors=n_independent, small_sample_factor=factor, expected_error=raw * factor)
     return out
 

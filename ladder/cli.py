@@ -845,8 +845,9 @@ def forecast(
 
 def _print_selection(candidates: list[dict]) -> None:
     """method=auto: every candidate with its backtest on this table, the winner marked."""
-    table = Table(title="method chosen by backtest on this table (expected error = error per unit distance x the target's "
-                        "distance x a small-sample factor for the held-out sizes it was scored on)")
+    table = Table(title="method chosen by backtest on this table (expected error = error per unit distance on the splits "
+                        "that fit the most runs x the target's distance x a small-sample factor for the held-out sizes "
+                        "they were scored on)")
     for column in ("method", "backtest rms", "held-out sizes", "expected error at target", "blend weight", "note"):
         table.add_column(column, overflow="fold")
     for c in candidates:

@@ -51,7 +51,8 @@ def test_matched_progress_counts_its_held_out_sizes_as_the_final_laws_do():
     assert res.held_out == ["d2048"] and res.held_out_sizes == 1  # four rungs: fit three, predict the largest
     epochs = pd.concat([table.assign(run=table["run"] + f"/{k}ep") for k in (1, 2)])  # two runs per size, same curves
     res2 = selection.backtest_matched_progress(epochs)
-    assert len(res2.held_out) == 4 and res2.held_out_sizes == 2  # d1536 and d2048, two runs each
+    # d1536 and d2048, two runs each (the two late splits hold out d2048 alone, too few sizes: every split counts)
+    assert len(res2.held_out) == 4 and res2.held_out_sizes == 2 and res2.rate_points is None
 
 
 def test_a_backtest_split_is_fitted_once_and_its_failure_remembered(monkeypatch):
@@ -79,3 +80,31 @@ def test_a_backtest_split_is_fitted_once_and_its_failure_remembered(monkeypatch)
     assert fl._split_fit("compute", part.iloc[:2]) == "compute on 2 runs"  # another part is another fit
     assert calls == ["compute", "chinchilla", "compute"]
     fl._CACHE.clear()
+
+
+def test_the_rate_comes_from_the_splits_that_fit_the_most_runs_once_they_hold_out_four_sizes():
+    """Five expanding splits: the first three miss by 8%, the last two by 1%. The errors are reported over every
+    point; the rate, its distance and its held-out sizes come from the last two splits when they hold out four model
+    sizes, and from more splits when they do not (three points' RMS is noise)."""
+    def result(sizes_per_split: list[list[float]]) -> BacktestResult:
+        held, rel, dist, sizes, point_split, held_split = [], [], [], [], [], []
+        for k, split_sizes in enumerate(sizes_per_split):
+            for n in split_sizes:
+                held.append(f"N={n:g}")
+                rel.append(0.08 if k < 3 else 0.01)
+                dist.append(1.0 if k < 3 else 0.5)
+                sizes.append(n)
+                point_split.append(k)
+                held_split.append(k)
+        return fl.summarise("overtrain", held, rel, dist, None, sizes, point_split=point_split, held_split=held_split)
+
+    wide = result([[1e8, 2e8, 4e8, 8e8, 16e8]] * 3 + [[4e8, 8e8, 16e8], [16e8, 32e8]])  # the last two: 4 sizes
+    assert wide.rms_rel_error == pytest.approx(math.sqrt((15 * 0.08**2 + 5 * 0.01**2) / 20))
+    assert wide.distance == pytest.approx((15 * 1.0 + 5 * 0.5) / 20)
+    assert (wide.rate, wide.rate_points, wide.rate_distance, wide.held_out_sizes) == (pytest.approx(0.02), 5, 0.5, 4)
+    narrow = result([[1e8, 2e8, 4e8, 8e8, 16e8]] * 3 + [[16e8], [16e8, 32e8]])  # the last two: 2 sizes, the last three: 6
+    assert narrow.rate_points == 8 and narrow.held_out_sizes == 6
+    assert narrow.rate == pytest.approx(math.sqrt((5 * 0.08**2 + 3 * 0.01**2) / (5 * 1.0 + 3 * 0.25)))
+    everything = result([[1e8, 2e8], [2e8], [4e8]])  # three splits, three sizes in all: every split
+    assert everything.rate_points is None and everything.rate_distance is None
+    assert everything.distance_of_rate == everything.distance
