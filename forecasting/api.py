@@ -325,7 +325,7 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
     """Fit a law to the ladder with bootstrap-over-runs intervals on every parameter."""
     table = validate_table(table)
     warn: list[str] = []
-    table = _drop_duplicate_runs(table, warn)
+    table = _screened_runs(table, warn)
     law = choose_method(table) if law == "auto" else law
     if law in ("overtrain", "farseer", "moe", "data_constrained") or (
         law == "chinchilla" and fl.tokens_per_param_spread(bt._final_points(table)) < fl.MIN_RATIO_SPREAD
@@ -446,7 +446,7 @@ def _final_fields(run: str, value: float, boot: list[float]) -> dict:
     return {"final_run": run, "final_loss": iv.value, "final_loss_lo": iv.lo, "final_loss_hi": iv.hi}
 
 
-def _drop_duplicate_runs(table: pd.DataFrame, warn: list[str]) -> pd.DataFrame:
+def _screened_runs(table: pd.DataFrame, warn: list[str]) -> pd.DataFrame:
     """The table without runs logged twice under two names, and a warning for a column that splits it into ladders no
     law tells apart (`forecasting.table.mixed_groups`)."""
     pairs = find_duplicate_runs(table)
@@ -518,7 +518,7 @@ def forecast_target(
     """Forecast the target's loss curve (with bands) and final loss (with interval) from the ladder alone."""
     table = validate_table(table)
     dup_warn: list[str] = []
-    table = _drop_duplicate_runs(table, dup_warn)
+    table = _screened_runs(table, dup_warn)
     selection: list[dict] = []
     if method != "auto":
         f = _forecast_with(table, target, method, n_bootstrap, seed)
@@ -813,7 +813,7 @@ def backtest(table: pd.DataFrame, *, method: str = "auto") -> BacktestReport:
     table = validate_table(table)
     method = choose_method(table) if method == "auto" else method
     results, warn = [], []
-    table = _drop_duplicate_runs(table, warn)
+    table = _screened_runs(table, warn)
     if method != "matched_progress" and method not in fl.FINAL_LAWS:
         raise ValueError(f"unknown method {method!r}; one of matched_progress, {', '.join(fl.FINAL_LAWS)}")
     # as `auto` scores its candidates for a target with a curve: every eval of the held-out runs, when runs have curves
