@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -39,11 +40,14 @@ def run_logged(module: str, args: list[str], *, env: dict[str, str], log_path: P
     Why: a child run with `capture_output` that overruns pytest-timeout is killed with everything it printed (a CI
     run of the mini Marin ladder hung past 900 s and left nothing to read). Here, past `timeout` the child gets
     SIGABRT with faulthandler on, which writes every thread's stack to its stderr, and the test fails with both
-    tails and the state of each run under `root` (which step was running, which was waiting)."""
+    tails and the state of each run under `root` (which step was running, which was waiting).
+
+    The child leads a process group of its own, killed when it ends: what it started (an embedded Ray's raylet and
+    workers) must not outlive it and take the cores of the tests that follow."""
     err_path = log_path.with_suffix(".err")
     with open(log_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env={**env, "PYTHONFAULTHANDLER": "1"},
-                                stdout=out, stderr=err, text=True)
+                                stdout=out, stderr=err, text=True, start_new_session=True)
         try:
             returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -53,10 +57,20 @@ def run_logged(module: str, args: list[str], *, env: dict[str, str], log_path: P
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            _kill_group(proc.pid)
             pytest.fail(f"`python -m {module} {' '.join(args)}` did not finish in {timeout:.0f} s; the runs: {_run_states(root)}\n"
                         f"its stdout:\n{log_path.read_text()[-4000:]}\n"
                         f"its stderr (every thread's stack at the end):\n{err_path.read_text()[-12000:]}")
+    _kill_group(proc.pid)
     return subprocess.CompletedProcess(proc.args, returncode, log_path.read_text(), err_path.read_text())
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL whatever is left of a process group (nothing, when the child cleaned up after itself)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _run_states(root: Path | None) -> str:

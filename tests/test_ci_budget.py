@@ -4,6 +4,7 @@ end-to-end run that hangs fails its test with where it hung (tests/ladder_helper
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,9 @@ def test_without_a_budget_or_before_it_every_test_runs(tmp_path):
 
 def test_a_run_past_its_limit_fails_with_its_output_and_every_threads_stack(tmp_path):
     module = tmp_path / "hangs_here.py"
-    module.write_text("import threading, time\nprint('started', flush=True)\n"
+    module.write_text("import subprocess, sys, threading, time\nprint('started', flush=True)\n"
+                      "helper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+                      "open('helper.pid', 'w').write(str(helper.pid))\n"
                       "threading.Thread(target=time.sleep, args=(600,), name='stuck-helper').start()\n"
                       "def wait_forever():\n    time.sleep(600)\nwait_forever()\n")
     root = tmp_path / "root"
@@ -46,6 +49,21 @@ def test_a_run_past_its_limit_fails_with_its_output_and_every_threads_stack(tmp_
     message = str(failure.value)
     assert "did not finish in 3 s" in message and "hero-abc: running (step 40)" in message
     assert "started" in message and "wait_forever" in message and message.count("hread 0x") >= 2, message
+    assert not _alive(int((tmp_path / "helper.pid").read_text())), "the hung run's own child outlived it"
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its reaper counts as gone), after up to 5 s for the kill to land."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        if state == "Z":
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def test_a_run_that_finishes_returns_its_output(tmp_path):
