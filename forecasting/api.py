@@ -811,9 +811,9 @@ def backtest(table: pd.DataFrame, *, method: str = "auto") -> BacktestReport:
     cannot read unique tokens or total parameters the ladder varies) is still scored, with a warning: its
     backtest cannot show that blind spot."""
     table = validate_table(table)
-    method = choose_method(table) if method == "auto" else method
     results, warn = [], []
     table = _screened_runs(table, warn)
+    method = choose_method(table) if method == "auto" else method
     if method != "matched_progress" and method not in fl.FINAL_LAWS:
         raise ValueError(f"unknown method {method!r}; one of matched_progress, {', '.join(fl.FINAL_LAWS)}")
     # as `auto` scores its candidates for a target with a curve: every eval of the held-out runs, when runs have curves
