@@ -36,6 +36,27 @@ def test_members_are_the_laws_within_a_factor_of_the_best_weighted_by_inverse_va
     assert blend.members([{"method": "multipower", "chosen": True}], "multipower") == {"multipower": 1.0}
 
 
+def test_the_more_sizes_the_backtest_held_out_the_more_a_lead_in_error_weighs():
+    def weights(n_overtrain, n_farseer=None):
+        sel = [_cand("overtrain", 0.010, independent_errors=n_overtrain),
+               _cand("farseer", 0.015, independent_errors=n_overtrain if n_farseer is None else n_farseer)]
+        return blend.members(sel, "overtrain")
+
+    # one or two held-out sizes: inverse variance; eight: the likelihood of eight errors, sigma^-8
+    assert weights(1)["overtrain"] / weights(1)["farseer"] == pytest.approx(1.5**2)
+    assert weights(2)["overtrain"] / weights(2)["farseer"] == pytest.approx(1.5**2)
+    assert weights(8)["overtrain"] / weights(8)["farseer"] == pytest.approx(1.5**8)
+    # the evidence the members share: the fewer sizes of the two
+    assert weights(8, 3)["overtrain"] / weights(8, 3)["farseer"] == pytest.approx(1.5**3)
+    # a law left under 1% of the weight is not fitted for the blend at all
+    sel = [_cand("overtrain", 0.010, independent_errors=8), _cand("farseer", 0.015, independent_errors=8),
+           _cand("chinchilla", 0.019, independent_errors=8)]
+    assert set(blend.members(sel, "overtrain")) == {"overtrain", "farseer"}
+    # the chosen law (the reference of the blend's curve) stays a member even under 1%
+    assert set(blend.members(sel, "chinchilla")) == {"overtrain", "farseer", "chinchilla"}
+    assert sum(blend.members(sel, "chinchilla").values()) == pytest.approx(1.0)
+
+
 def test_the_blend_is_a_log_space_mixture_whose_band_widens_when_the_members_disagree():
     a = _forecast("overtrain", [3.0, 2.5, 2.0], 0.01)
     b = _forecast("farseer", [3.0, 2.5, 2.2], 0.01)
