@@ -58,7 +58,10 @@ from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table
 from forecasting.matched_progress import early_extension_error, fit_profiled
 from forecasting.refit import fit_curve, schedule_features
-from forecasting.table import TableError, find_duplicate_runs, from_run_dirs, mixed_groups, read_table_file, select_rows, validate_table
+from forecasting.table import (
+    TableError, best_of_sweeps, find_duplicate_runs, from_run_dirs, mixed_groups, read_table_file, select_rows, sweep_groups,
+    validate_table,
+)
 
 Z95 = 1.959963984540054
 METHODS = ("matched_progress", "chinchilla", "compute", "multipower", "overtrain", "farseer", "moe", "data_constrained")
@@ -246,11 +249,15 @@ class BacktestReport(BaseModel):
 # ---------------------------------------------------------------- loading
 
 
-def load_table(path_or_dirs: str | Sequence[str] | pd.DataFrame, *, where: Mapping[str, str | float] | None = None) -> pd.DataFrame:
+def load_table(path_or_dirs: str | Sequence[str] | pd.DataFrame, *, where: Mapping[str, str | float] | None = None,
+               best_of_sweep: bool = False) -> pd.DataFrame:
     """A CSV/parquet file, a run directory, a directory of run directories, or a list of run directories; with
-    `where`, only the rows whose columns equal those values (`forecasting.table.select_rows`)."""
+    `where`, only the rows whose columns equal those values (`forecasting.table.select_rows`); with `best_of_sweep`,
+    only the best run of each size and token count whose runs differ in a hyperparameter
+    (`forecasting.table.best_of_sweeps`: the tuned loss a scaling law describes)."""
     table = _load_table(path_or_dirs)
-    return validate_table(select_rows(table, where)) if where else table
+    table = validate_table(select_rows(table, where)) if where else table
+    return best_of_sweeps(table)[0] if best_of_sweep else table
 
 
 def _load_table(path_or_dirs: str | Sequence[str] | pd.DataFrame) -> pd.DataFrame:
@@ -447,14 +454,26 @@ def _final_fields(run: str, value: float, boot: list[float]) -> dict:
 
 
 def _screened_runs(table: pd.DataFrame, warn: list[str]) -> pd.DataFrame:
-    """The table without runs logged twice under two names, and a warning for a column that splits it into ladders no
-    law tells apart (`forecasting.table.mixed_groups`)."""
+    """The table without runs logged twice under two names, and warnings for a column that splits it into ladders no
+    law tells apart (`forecasting.table.mixed_groups`) and for a hyperparameter sweep (`forecasting.table.sweep_groups`)."""
     pairs = find_duplicate_runs(table)
     if pairs:
         warn.append(f"identical runs under different names (kept the first, dropped the copy): {pairs}")
         table = table[~table["run"].isin([dup for _, dup in pairs])].reset_index(drop=True)
     warn.extend(mixed_groups_warning(group) for group in mixed_groups(table))
+    sweep = sweep_groups(table)
+    if sweep:
+        warn.append(sweep_warning(sweep))
     return table
+
+
+def sweep_warning(sweep: dict) -> str:
+    """One line for a `forecasting.table.sweep_groups` result: what varies, how far the average is from the best."""
+    return (f"{sweep['runs']} runs at {sweep['points']} sizes and token counts differ in {', '.join(sweep['columns'])} (a "
+            f"hyperparameter sweep, up to {sweep['largest']} runs at one point); their losses lie a median "
+            f"{sweep['median_gap']:.1%} above the best of each, and the laws fit them all, so the forecast is of an "
+            "average setting, not a tuned one; to forecast the tuned loss keep the best run of each point "
+            "(`--best-of-sweep`, or forecasting.table.best_of_sweeps)")
 
 
 def mixed_groups_warning(group: dict) -> str:

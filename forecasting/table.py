@@ -363,8 +363,7 @@ def mixed_groups(table: pd.DataFrame) -> list[dict]:
     inputs = [c for c in MATCH_INPUTS if c in final.columns]
     if not inputs:
         return []
-    key = pd.Series(list(zip(*(np.round(np.log(final[c].to_numpy(float)) / MATCH_TOLERANCE).astype(np.int64)
-                               for c in inputs), strict=True)), index=final.index)
+    key = _matched_key(final, inputs)
     # a logged LR tells runs on different schedules apart (the curve laws read it): such a column is not hidden
     lr_shape = table.groupby("run")["lr"].agg(["mean", "last"]).reindex(final.index) if "lr" in table.columns else None
     found: list[dict] = []
@@ -391,6 +390,93 @@ def mixed_groups(table: pd.DataFrame) -> list[dict]:
                           "matched": len(gaps), "median_gap": float(np.median(gaps)), "same_split": []})
             partitions[partition] = found[-1]
     return found
+
+
+# substrings of numeric column names that are not settings a sweep varies: replica counters (seeds) and outcomes
+NOT_SETTINGS = ("seed", "replica", "loss", "acc", "ppl", "perplexity", "score")
+
+
+def _matched_key(final: pd.DataFrame, inputs: Sequence[str]) -> pd.Series:
+    """Each run's law inputs rounded to MATCH_TOLERANCE in log space: runs with equal keys are one (size, tokens) point."""
+    return pd.Series(list(zip(*(np.round(np.log(final[c].to_numpy(float)) / MATCH_TOLERANCE).astype(np.int64)
+                                for c in inputs), strict=True)), index=final.index)
+
+
+def _settings(table: pd.DataFrame, final: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per run, the hyperparameters a sweep varies: the peak of its logged LR, and every numeric column outside the
+    schema that is constant within each run (batch size, weight decay, ...), except seeds and outcomes (NOT_SETTINGS)."""
+    out: dict[str, pd.Series] = {}
+    if "lr" in table.columns:
+        out["peak lr"] = table.groupby("run")["lr"].max().reindex(final.index)
+    for column in table.columns:
+        if column in COLUMNS or not pd.api.types.is_numeric_dtype(table[column]):
+            continue
+        if any(word in column.lower() for word in NOT_SETTINGS):
+            continue
+        if (table.groupby("run")[column].nunique(dropna=False) > 1).any():
+            continue
+        out[column] = final[column]
+    return out
+
+
+def _sweeps(table: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[pd.Index, list[str]]]]:
+    """(final points, [(the runs of one (size, tokens) point, the settings they differ in)]) for every point whose
+    runs differ in a hyperparameter (more than 1% apart)."""
+    if "loss" not in table.columns:
+        return pd.DataFrame(), []
+    final = run_summary(table)
+    inputs = [c for c in MATCH_INPUTS if c in final.columns]
+    if not inputs or len(final) < 2:
+        return final, []
+    settings = _settings(table, final)
+    if not settings:
+        return final, []
+    groups = []
+    for _, runs in final.groupby(_matched_key(final, inputs)):
+        if len(runs) < 2:
+            continue
+        differ = [name for name, values in settings.items()
+                  if not np.allclose(values.loc[runs.index].to_numpy(float), float(values.loc[runs.index].iloc[0]), rtol=0.01)]
+        if differ:
+            groups.append((runs.index, differ))
+    return final, groups
+
+
+def sweep_groups(table: pd.DataFrame) -> dict | None:
+    """A hyperparameter sweep inside the table: runs of equal size and tokens (MATCH_INPUTS within MATCH_TOLERANCE)
+    that differ in peak LR or another numeric setting, whose losses at a point lie a median of more than MIXED_GAP
+    above the best of that point. None when there is none.
+
+    Why: a scaling law is the loss of a tuned run at each size and budget; fitted through every run of an LR x batch
+    grid it fits the grid's average, with its diverged and under-trained corners, and forecasts a target as if it
+    were trained at an average setting. Seeds (replicas of one setting, within ~0.5%) and schedules that differ only
+    in shape (same peak LR; the curve laws read `lr`) are not sweeps. Keys: columns (the settings that vary),
+    points (how many (size, tokens) points hold a sweep), runs (their runs), largest (most runs at one point),
+    median_gap (the geometric mean of a point's final losses over its best, median over the points)."""
+    final, groups = _sweeps(table)
+    if not groups:
+        return None
+    gaps = []
+    for index, _ in groups:
+        loss = final.loc[index, "loss"].to_numpy(float)
+        gaps.append(float(np.exp(np.log(loss).mean()) / loss.min() - 1))
+    if float(np.median(gaps)) <= MIXED_GAP:
+        return None
+    columns = sorted({name for _, differ in groups for name in differ})
+    return {"columns": columns, "points": len(groups), "runs": int(sum(len(index) for index, _ in groups)),
+            "largest": int(max(len(index) for index, _ in groups)), "median_gap": float(np.median(gaps))}
+
+
+def best_of_sweeps(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """(the table with only the best run, the lowest final loss, of each (size, tokens) point whose runs differ in a
+    hyperparameter; the runs dropped). Runs at points without a sweep, and replicas that differ in nothing but a
+    seed, stay as they are."""
+    final, groups = _sweeps(table)
+    dropped = []
+    for index, _ in groups:
+        losses = final.loc[index, "loss"]
+        dropped.extend(str(run) for run in index if run != losses.idxmin())
+    return table[~table["run"].astype(str).isin(dropped)].reset_index(drop=True), sorted(dropped)
 
 
 def _lr_tells_apart(lr_shape: pd.DataFrame, values: np.ndarray) -> bool:

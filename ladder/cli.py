@@ -549,6 +549,8 @@ def _is_table(source: str) -> bool:
 
 WHERE_HELP = ("With a table: keep only the rows whose COLUMN equals VALUE (COLUMN=VALUE; repeat to combine), e.g. one "
               "corpus of a table that holds several.")
+SWEEP_HELP = ("With a table: keep only the best run (lowest final loss) of each size and token count whose runs differ "
+              "in peak LR, batch or another numeric setting: the tuned loss a scaling law describes.")
 
 
 def _parse_where(where: list[str] | None) -> dict[str, str]:
@@ -562,8 +564,9 @@ def _parse_where(where: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _load_table(source: str, where: list[str] | None = None):
-    """forecasting.api.load_table (only the rows --where selects), its torn-line warnings printed as one line each."""
+def _load_table(source: str, where: list[str] | None = None, best_of_sweep: bool = False):
+    """forecasting.api.load_table (only the rows --where selects, the best of each sweep with --best-of-sweep), its
+    torn-line warnings printed as one line each."""
     import warnings
 
     from forecasting import api
@@ -571,7 +574,7 @@ def _load_table(source: str, where: list[str] | None = None):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TornLineWarning)
-        table = api.load_table(source, where=_parse_where(where))
+        table = api.load_table(source, where=_parse_where(where), best_of_sweep=best_of_sweep)
     for warning in caught:
         if issubclass(warning.category, TornLineWarning):
             err_console.print(f"[yellow]warning:[/] {warning.message}")
@@ -609,14 +612,20 @@ def _forecasting_error(error: Exception) -> None:
     _fail(f"{type(error).__name__}: {error}", EXIT_FAILED if not isinstance(error, (ValueError, KeyError)) else EXIT_BAD_INPUT)
 
 
-def _source_table(source: str, root: str | None, where: list[str] | None):
-    """The table of runs `source` names: a table file or run folder (its rows --where selects), or an experiment's
-    training steps."""
+def _source_table(source: str, root: str | None, where: list[str] | None, best_of_sweep: bool = False):
+    """The table of runs `source` names: a table file or run folder (its rows --where selects, the best of each sweep
+    with --best-of-sweep), or an experiment's training steps."""
     if _is_table(source):
-        return _load_table(source, where)
+        return _load_table(source, where, best_of_sweep)
+    _refuse_table_options(where, best_of_sweep)
+    return _experiment_table(_load(source), _store(root), None)
+
+
+def _refuse_table_options(where: list[str] | None, best_of_sweep: bool) -> None:
     if where:
         _fail("--where selects rows of a table of runs; an experiment's runs are its steps.")
-    return _experiment_table(_load(source), _store(root), None)
+    if best_of_sweep:
+        _fail("--best-of-sweep picks runs of a table of runs; an experiment's runs are its steps.")
 
 
 def _experiment_table(exp: Experiment, store: Store, target: str | None):
@@ -680,12 +689,13 @@ def fit(
     seed: int = typer.Option(0, help="Bootstrap seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the fit as one JSON document."),
     select: Optional[list[str]] = typer.Option(None, "--where", help=WHERE_HELP),
+    best_of_sweep: bool = typer.Option(False, "--best-of-sweep", help=SWEEP_HELP),
 ) -> None:
     """Fit a scaling law to finished runs; every parameter with its 95% interval."""
     from forecasting import api
 
     try:
-        table = _source_table(source, root, select)
+        table = _source_table(source, root, select, best_of_sweep)
         result = api.fit_ladder(table, law=law, n_bootstrap=n_bootstrap, seed=seed)
     except typer.Exit:
         raise
@@ -755,6 +765,7 @@ def forecast(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document: final_loss, final_loss_lo, final_loss_hi, curve, ..."),
     with_schedule: bool = typer.Option(False, "--with-schedule", help="With --json: keep target.lr, the LR at every step (left out by default)."),
     select: Optional[list[str]] = typer.Option(None, "--where", help=WHERE_HELP),
+    best_of_sweep: bool = typer.Option(False, "--best-of-sweep", help=SWEEP_HELP),
 ) -> None:
     """Forecast a run's whole loss curve and final loss with a band; with an experiment, store it as a new version
     (only when the inputs, method or options changed: otherwise it says which stored version it equals)."""
@@ -768,7 +779,7 @@ def forecast(
         if _is_table(source):
             if params_active is None or tokens is None:
                 _fail("with a table, describe the target: --params-active N --tokens D (and optionally --num-steps, --flops).")
-            table = _load_table(source, select)
+            table = _load_table(source, select, best_of_sweep)
             lr = _schedule_values(schedule, peak_lr, num_steps, warmup, min_lr_fraction, decay_fraction)
             try:
                 spec = TargetSpec(name=name, params_active=params_active, params_total=params_total, tokens=tokens,
@@ -780,8 +791,7 @@ def forecast(
             from ladder.dag import DagError, TrainStep
             from ladder.fitting import load_forecast, target_spec
 
-            if select:
-                _fail("--where selects rows of a table of runs; an experiment's runs are its steps.")
+            _refuse_table_options(select, best_of_sweep)
             exp = _load(source)
             store = _store(root)
             if target is None:
@@ -914,6 +924,7 @@ def backtest(
     budget: Optional[float] = typer.Option(None, "--budget", help="With --suite: seconds one method may spend on one data set, the rest skipped (default 600; 10 with --quick)."),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="With --suite: also write the report to this file."),
     select: Optional[list[str]] = typer.Option(None, "--where", help=WHERE_HELP),
+    best_of_sweep: bool = typer.Option(False, "--best-of-sweep", help=SWEEP_HELP),
 ) -> None:
     """How wrong a method is on this ladder: fit the smaller runs (or a curve's prefix), predict the rest.
 
@@ -927,7 +938,7 @@ def backtest(
     if source is None:
         _fail("give an experiment or a table of runs to backtest, or --suite for the public backtest suite.")
     try:
-        table = _source_table(source, root, select)
+        table = _source_table(source, root, select, best_of_sweep)
         report = api.backtest(table, method=method)
     except typer.Exit:
         raise
