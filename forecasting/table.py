@@ -436,7 +436,8 @@ def _sweeps(table: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[pd.Index, lis
         if len(runs) < 2:
             continue
         differ = [name for name, values in settings.items()
-                  if not np.allclose(values.loc[runs.index].to_numpy(float), float(values.loc[runs.index].iloc[0]), rtol=0.01)]
+                  if not np.allclose(values.loc[runs.index].to_numpy(float), float(values.loc[runs.index].iloc[0]), rtol=0.01,
+                                     equal_nan=True)]
         if differ:
             groups.append((runs.index, differ))
     return final, groups
