@@ -159,16 +159,25 @@ def _log_m(pts: dict) -> np.ndarray | None:
     return None
 
 
+def _log_sparsity(pts: dict) -> np.ndarray | None:
+    if "params_active" in pts and "params_total" in pts:
+        return np.log10(pts["params_total"] / pts["params_active"])
+    return None
+
+
 def distance(pts: dict, fit_pts: dict) -> np.ndarray:
     """Extrapolation distance of `pts` from the fitted runs: decades beyond the fitted runs in compute or in model
     size, whichever is further (a larger model on fewer tokens is a size extrapolation at no extra compute),
-    plus the decades of D/N outside the fitted range."""
+    plus the decades of D/N outside the fitted range, plus the decades of sparsity (total / active parameters)
+    outside it: an MoE target sparser or denser than every fitted run is an extrapolation of its own, which a law
+    that does not read total parameters makes silently and a backtest within the ladder's sparsities does not
+    measure. (A dense table is at sparsity 1 throughout, and adds nothing.)"""
     d = np.maximum(np.log10(pts["flops"] / float(np.max(fit_pts["flops"]))), 0.0)
     if "params_active" in pts and "params_active" in fit_pts:
         d = np.maximum(d, np.log10(pts["params_active"] / float(np.max(fit_pts["params_active"]))))
-    m, mf = _log_m(pts), _log_m(fit_pts)
-    if m is not None and mf is not None:
-        d = d + np.maximum(m - mf.max(), 0.0) + np.maximum(mf.min() - m, 0.0)
+    for x, fitted in ((_log_m(pts), _log_m(fit_pts)), (_log_sparsity(pts), _log_sparsity(fit_pts))):
+        if x is not None and fitted is not None:
+            d = d + np.maximum(x - fitted.max(), 0.0) + np.maximum(fitted.min() - x, 0.0)
     return np.maximum(d, MIN_DISTANCE)
 
 

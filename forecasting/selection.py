@@ -5,7 +5,7 @@ in tokens per parameter, its sparsity, its schedule), and the only evidence a us
 predicted the ladder's own larger runs. Every applicable candidate is backtested on the same expanding
 splits (fit the smaller runs by compute, predict every larger one; `forecasting.final_laws`), scored by
 its error per unit of extrapolation distance (decades of compute or model size beyond the fitted runs,
-plus decades of tokens per parameter outside them) on the splits that fit the most runs (`final_laws.LATE_SPLITS`:
+plus decades of tokens per parameter and of sparsity outside them: `final_laws.distance`) on the splits that fit the most runs (`final_laws.LATE_SPLITS`:
 the ones most like the forecast, which fits every run), and the candidate with the smallest expected error at the
 target's own distance wins. The expected error carries the same small-sample factor as the band's extrapolation
 term (`final_laws.small_sample_factor` of the independent errors the backtest measured, 1.62x for one held-out

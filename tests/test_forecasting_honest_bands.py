@@ -171,6 +171,23 @@ def test_a_larger_model_on_fewer_tokens_is_an_extrapolation_too():
     assert d >= 1.0  # one decade beyond in N (plus the D/N decades outside the fitted range)
 
 
+def test_a_target_outside_the_ladders_sparsities_is_an_extrapolation_too():
+    """Distance counts decades of total / active parameters outside the fitted runs' range, as it counts D/N; a dense
+    table (no total parameters, or total = active) adds nothing."""
+    from forecasting import final_laws as fl
+
+    fit = {"flops": np.array([1e18, 1e19]), "params_active": np.array([1e8, 3e8]), "tokens": np.array([2e9, 6e9]),
+           "params_total": np.array([1e9, 1.2e9])}  # sparsity 10x and 4x
+    inside = {"flops": np.array([1e19]), "params_active": np.array([3e8]), "tokens": np.array([6e9]),
+              "params_total": np.array([1.8e9])}  # 6x: within the ladder's range
+    denser = {**inside, "params_total": np.array([5.1e8])}  # 1.7x
+    assert fl.distance(inside, fit)[0] == pytest.approx(fl.MIN_DISTANCE)
+    assert fl.distance(denser, fit)[0] == pytest.approx(np.log10(4 / 1.7))
+    dense_fit = {k: v for k, v in fit.items() if k != "params_total"}
+    dense_target = {k: v for k, v in inside.items() if k != "params_total"}
+    assert fl.distance(dense_target, fl.points_of(pd.DataFrame(dense_fit)))[0] == pytest.approx(fl.MIN_DISTANCE)
+
+
 def _curves_with_growing_offsets(sizes, tokens_per_param, evals=20, steps=400):
     """Rungs whose early curves sit further above the law the larger they are, faster at the top of the ladder (as
     on the local ladder): the nearest rungs' schedule offsets then under-predict a larger target's early curve by
