@@ -39,7 +39,7 @@ def main() -> None:
     rows = []
     for name, train, targets in _cases():
         sweep = sweep_groups(train)
-        best, dropped = best_of_sweeps(train)
+        best = best_of_sweeps(train)[0]
         print(f"{name}: {train['run'].nunique()} runs; sweep: {sweep}; best of each point keeps {best['run'].nunique()}")
         for fitted_on, table in (("every run of the grid", train), ("best run of each point", best)):
             errors, covered, widths, warned, seconds = [], [], [], [], time.perf_counter()

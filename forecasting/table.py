@@ -393,7 +393,7 @@ def mixed_groups(table: pd.DataFrame) -> list[dict]:
 
 
 # substrings of numeric column names that are not settings a sweep varies: replica counters (seeds) and outcomes
-NOT_SETTINGS = ("seed", "replica", "loss", "acc", "ppl", "perplexity", "score")
+NOT_SETTINGS = ("seed", "replica", "loss", "accuracy", "ppl", "perplexity", "score")
 
 
 def _matched_key(final: pd.DataFrame, inputs: Sequence[str]) -> pd.Series:

@@ -92,6 +92,8 @@ def test_seeds_schedules_of_one_peak_and_a_batch_sweep_are_told_apart():
                          for i, b in enumerate((32, 64, 128))], ignore_index=True)
     assert sweep_groups(batches)["columns"] == ["batch"]
     assert set(best_of_sweeps(batches)[0]["batch"]) == {32}
+    # a setting whose name holds an outcome word's letters is still a setting
+    assert sweep_groups(batches.rename(columns={"batch": "grad_accum"}))["columns"] == ["grad_accum"]
 
 
 def test_cli_best_of_sweep_forecasts_the_tuned_loss_and_refuses_an_experiment(tmp_path):
