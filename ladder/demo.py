@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -261,6 +262,9 @@ def demo_command(
     root: Optional[str] = typer.Option(None, "--root", help="Store root (any fsspec URL); default $LADDER_ROOT or ./ladder-runs."),
 ) -> None:
     """Run the local ladder end to end (rungs, fit, forecast, hero with the live overlay) and check the forecast."""
+    from ladder.progress import quiet_ray_warnings
+
+    quiet_ray_warnings(tty=sys.stdout.isatty())  # as `ladder submit`: no token-auth notice, no colour codes in a log
     result = run_demo(quick=quick, root=root, out=lambda line: typer.echo(line))
     raise typer.Exit(result.exit_code)
 

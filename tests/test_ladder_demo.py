@@ -35,6 +35,7 @@ def test_quick_demo_runs_the_whole_chain_and_a_second_run_reuses_it(tmp_path):
     first = run_logged("ladder.demo", ["--quick", "--root", str(root)], env=env, log_path=tmp_path / "demo.log", timeout=840,
                        root=root, cwd=REPO)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert "Token authentication" not in first.stdout + first.stderr, "Ray's notice in the demo's log (as `ladder submit`, it is dropped)"
     assert_whole_chain(root, first.stdout)
 
 
