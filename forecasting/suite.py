@@ -23,6 +23,14 @@ for forecasts that carry a curve.
 Per (data set, method, kind): MAE %, signed mean %, coverage %, median half-width %, points; all
 splits of a data set are pooled so each data set counts once.
 
+Calibration beyond the 95% count (`band_z`, `metrics`, `check_auto`): a data set holds 2 to 87 final targets, and
+on ten targets a calibrated 95% band covers all ten 60% of the time, so "100%" alone cannot say a band is too
+wide. Each point's band is also read as a log-normal one (its half on the actual's side: a percentile band may be
+lopsided), giving z = log(y / p) / sigma with |z| <= 1.96 exactly when covered; the 50% and 80% coverages and the
+median |z| (0.67 when calibrated) then measure width on few targets, and the count covered is checked against the
+binomial range of a calibrated 95% band on that many targets (final points only: a curve's points are not
+independent; targets of one split share a fit, so the range is, if anything, too narrow).
+
 Caps (so the whole suite runs in minutes on 2 cores): at most MAX_TARGETS held-out targets per split,
 chosen evenly over the held-out runs sorted by compute (the largest always kept); at most
 MAX_CURVE_POINTS scored points per curve target, evenly by index (its last point always kept).
@@ -748,16 +756,48 @@ def _one_line(e: BaseException) -> str:
 # ---------------------------------------------------------------- aggregation
 
 
+Z50, Z80, Z95 = 0.6744897501960817, 1.2815515655446004, 1.959963984540054
+
+
+def band_z(points: pd.DataFrame) -> np.ndarray:
+    """Each point's error in units of its band's sigma, reading the 95% band as log-normal and taking the half on
+    the actual's side: z = log(y / p) / (log(hi / p) / 1.96) above the prediction, log(y / p) / (log(p / lo) / 1.96)
+    below. |z| <= 1.96 exactly when the band covers y; a band of zero width gives +-inf (0 when it is exact)."""
+    y, p = points["actual"].to_numpy(float), points["pred"].to_numpy(float)
+    lo, hi = points["lo"].to_numpy(float), points["hi"].to_numpy(float)
+    err = np.log(y / p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        half = np.where(err >= 0, np.log(np.maximum(hi, p) / p), np.log(p / np.clip(lo, 1e-300, p))) / Z95
+        z = np.where(err == 0, 0.0, err / half)
+    return z
+
+
 def metrics(points: pd.DataFrame) -> dict:
-    """MAE %, signed mean %, 95% coverage %, median half-width %, n, over the given points."""
+    """MAE %, signed mean %, 95% coverage %, median half-width %, n, over the given points; and the calibration read
+    from the same bands (`band_z`): the share within the 50% and 80% bands and the median |z| (0.67 when
+    calibrated)."""
     if len(points) == 0:
-        return {"mae": None, "bias": None, "coverage": None, "half_width": None, "n": 0}
+        return {"mae": None, "bias": None, "coverage": None, "half_width": None, "n": 0, "coverage_50": None,
+                "coverage_80": None, "median_abs_z": None, "covered": 0}
     r = points["rel_error"].to_numpy(float)
+    z = np.abs(band_z(points)) if {"actual", "pred", "lo", "hi"} <= set(points.columns) else None
+    covered = points["covered"].to_numpy(bool)
     return {
         "mae": float(100 * np.mean(np.abs(r))), "bias": float(100 * np.mean(r)),
-        "coverage": float(100 * np.mean(points["covered"].to_numpy(bool))),
+        "coverage": float(100 * np.mean(covered)),
         "half_width": float(100 * np.median(points["half_width"].to_numpy(float))), "n": int(len(r)),
+        "coverage_50": None if z is None else float(100 * np.mean(z <= Z50)),
+        "coverage_80": None if z is None else float(100 * np.mean(z <= Z80)),
+        "median_abs_z": None if z is None else float(np.median(z)), "covered": int(covered.sum()),
     }
+
+
+def coverage_range(n: int, level: float = 0.95, alpha: float = 0.05) -> tuple[int, int]:
+    """The counts of n independent targets a calibrated `level` band covers with probability 1 - alpha (the central
+    range of Binomial(n, level)): (8, 10) for 10 targets, (78, 86) for 87, where 87 of 87 is too many."""
+    from scipy.stats import binom
+
+    return int(binom.ppf(alpha / 2, n, level)), int(binom.isf(alpha / 2, n, level))
 
 
 def _kind_points(p: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -814,8 +854,24 @@ def check_auto(res: SuiteResult, *, margin: float = 0.5, band: tuple[float, floa
                 "best_mae": full[best] if best else None, "gap": gap, "auto_coverage": cov,
                 "auto_half_width": a[kind]["half_width"], "auto_status": a["status"],
                 "mae_ok": gap is None or gap <= margin, "coverage_ok": band[0] <= cov <= band[1],
-            })
+            } | _calibration(a[kind], kind))
     return out
+
+
+def _calibration(m: dict, kind: str) -> dict:
+    """auto's 50/80% coverages and median |z| in a check row, and for final points whether the count covered lies in
+    the binomial range of a calibrated 95% band (None for curve points, which are not independent)."""
+    out = {k: m[k] for k in ("coverage_50", "coverage_80", "median_abs_z")} | {"n": m["n"], "covered": m["covered"]}
+    rng = coverage_range(m["n"]) if kind == "final" and m["n"] else None
+    return out | {"covered_range": rng, "coverage_consistent": None if rng is None else rng[0] <= m["covered"] <= rng[1]}
+
+
+def pooled_calibration(res: SuiteResult, method: str = "auto") -> list[dict]:
+    """`method`'s metrics over every data set's points pooled, per kind (each target counts once, so the data sets
+    with many targets weigh more: the per-data-set rows are the fair comparison, these the overall calibration)."""
+    p = res.points[res.points["method"] == method]
+    return [{"kind": kind} | metrics(_kind_points(p, kind)) | _calibration(metrics(_kind_points(p, kind)), kind)
+            for kind in ("final", "curve") if len(_kind_points(p, kind))]
 
 
 def _cell(r: dict | None, kind: str) -> str:
@@ -874,6 +930,7 @@ def to_json(res: SuiteResult) -> dict:
         "by_split": summarise(res, ("dataset", "split")),
         "by_group": summarise(res, ("dataset", "group")),
         "check": check_auto(res),
+        "calibration": pooled_calibration(res),
         "statuses": res.statuses.to_dict(orient="records"),
     }
 
@@ -896,6 +953,23 @@ def check_table(res: SuiteResult) -> str:
         lines.append(f"| {c['dataset']} | {c['kind']} | {c['auto_mae']:.2f}{star} | {best} | {gap} | "
                      f"{'yes' if c['mae_ok'] else 'NO'} | {c['auto_coverage']:.0f} | {'yes' if c['coverage_ok'] else 'NO'} | "
                      f"{c['auto_half_width']:.2f} |")
+    return "\n".join(lines)
+
+
+def _calibration_row(name: str, c: dict, coverage: float) -> str:
+    rng = c["covered_range"]
+    verdict = "—" if rng is None else f"{c['covered']} of {c['n']} (calibrated: {rng[0]}-{rng[1]}): {'yes' if c['coverage_consistent'] else 'NO'}"
+    z = "—" if c["median_abs_z"] is None else f"{c['median_abs_z']:.2f}"
+    cov = "—" if c["coverage_50"] is None else f"{c['coverage_50']:.0f} / {c['coverage_80']:.0f}"
+    return f"| {name} | {c['kind']} | {c['n']} | {cov} | {coverage:.0f} | {z} | {verdict} |"
+
+
+def calibration_table(res: SuiteResult) -> str:
+    """auto's bands read at three levels per (data set, kind), and pooled over every data set."""
+    lines = ["| data set | kind | points | cov 50 / 80 % | cov 95 % | median abs z | 95% count consistent with a calibrated band |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [_calibration_row(c["dataset"], c, c["auto_coverage"]) for c in check_auto(res)]
+    lines += [_calibration_row("**pooled**", c, c["coverage"]) for c in pooled_calibration(res)]
     return "\n".join(lines)
 
 
@@ -930,6 +1004,11 @@ def render_markdown(res: SuiteResult, command: str = "") -> str:
     return "\n".join([
         *head, "", "### Final points (each target's last held-out point)", "", markdown_table(res, "final"), "",
         "### Curve points (every held-out eval of curve targets)", "", markdown_table(res, "curve"), "",
-        "### auto against issue 13's bar", "", check_table(res), "", "### What auto picked", "", picks_table(res), "",
+        "### auto against issue 13's bar", "", check_table(res), "",
+        "### Calibration of auto's bands", "",
+        "Each band read as log-normal (`suite.band_z`): the share of points within its 50% and 80% bands (50 and 80",
+        "when calibrated), the median |z| (0.67 when calibrated; smaller = too wide), and for final points whether the",
+        "count inside the 95% band lies in the range a calibrated band gives that many independent targets.", "",
+        calibration_table(res), "", "### What auto picked", "", picks_table(res), "",
         "### Methods that did not run on every target", "", failures_table(res), "",
     ])

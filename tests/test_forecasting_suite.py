@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.stats import binom
 
 from forecasting import api, suite
 from forecasting.forecast import CurvePoint, Forecast, TargetSpec
@@ -125,6 +126,66 @@ def test_scoring_gives_exact_error_coverage_and_width():
     sc = suite.score_forecast(only_final, h)
     assert sc["step"].tolist() == [100] and bool(sc["covered"].iloc[0])
     assert sc["half_width"].iloc[0] == pytest.approx(0.125 / 1.1)
+
+
+def _points(actual, pred, lo, hi, **extra) -> pd.DataFrame:
+    actual, pred, lo, hi = (np.asarray(x, dtype=float) for x in (actual, pred, lo, hi))
+    return pd.DataFrame({"actual": actual, "pred": pred, "lo": lo, "hi": hi, "rel_error": pred / actual - 1,
+                         "covered": (lo <= actual) & (actual <= hi), "half_width": (hi - lo) / 2 / pred} | extra)
+
+
+def test_band_z_reads_each_side_of_the_band_and_is_196_at_its_edges():
+    z = suite.band_z(_points([2.4, 1.6, 2.0, 2.2, 2.0, 2.1], [2.0] * 6, [1.6, 1.6, 1.0, 2.0, 2.0, 2.0], [2.4, 2.4, 4.0, 2.0, 2.0, 2.0]))
+    assert z[:2] == pytest.approx([1.959964, -1.959964])  # at hi and at lo: the edge of the 95% band
+    assert z[2] == 0.0  # exact
+    assert z[3] == np.inf and z[4] == 0.0 and z[5] == np.inf  # a band of zero width: off it is infinitely far
+    lopsided = suite.band_z(_points([2.2, 1.9], [2.0, 2.0], [1.9, 1.9], [2.4, 2.4]))
+    assert lopsided[0] == pytest.approx(1.959964 * np.log(1.1) / np.log(1.2))  # the upper half, read above
+    assert lopsided[1] == pytest.approx(-1.959964)  # the lower half, read below
+
+
+def test_calibration_metrics_tell_a_calibrated_band_from_one_twice_too_wide():
+    rng = np.random.default_rng(0)
+    pred, sigma = np.full(20_000, 2.0), 0.02
+    actual = pred * np.exp(sigma * rng.standard_normal(len(pred)))
+    for scale, c50, c80, z in ((1.0, 50.0, 80.0, 0.674), (2.0, 82.3, 98.9, 0.337)):
+        lo, hi = pred * np.exp(-1.959964 * sigma * scale), pred * np.exp(1.959964 * sigma * scale)
+        m = suite.metrics(_points(actual, pred, lo, hi))
+        assert m["coverage_50"] == pytest.approx(c50, abs=1.5) and m["coverage_80"] == pytest.approx(c80, abs=1.5)
+        assert m["median_abs_z"] == pytest.approx(z, abs=0.02) and m["covered"] == int(round(m["coverage"] * m["n"] / 100))
+    # points without a band (older point files) still get the error metrics
+    assert suite.metrics(pd.DataFrame({"rel_error": [0.01], "covered": [True], "half_width": [0.02]}))["coverage_50"] is None
+
+
+def test_coverage_range_is_the_binomial_range_of_a_calibrated_band():
+    assert suite.coverage_range(10) == (8, 10)  # ten of ten: 60% likely when calibrated, so not a sign of width
+    assert suite.coverage_range(87) == (78, 86)  # 87 of 87: 1.2% likely, too many
+    assert suite.coverage_range(2) == (1, 2)
+    lo, hi = suite.coverage_range(167)
+    assert binom.cdf(lo - 1, 167, 0.95) <= 0.025 < binom.cdf(lo, 167, 0.95) and binom.sf(hi, 167, 0.95) <= 0.025 and hi < 167
+
+
+def test_calibration_table_flags_a_band_too_wide_on_many_targets_and_pools_the_data_sets():
+    rows = []
+    for d, n, width in (("wide", 90, 4.0), ("fair", 10, 1.0)):
+        rng = np.random.default_rng(1)
+        actual = np.full(n, 2.0)
+        pred = actual * np.exp(0.01 * rng.standard_normal(n))
+        lo, hi = pred * np.exp(-1.96 * 0.01 * width), pred * np.exp(1.96 * 0.01 * width)
+        for method in ("auto", "compute"):
+            rows.append(_points(actual, pred, lo, hi, dataset=d, split="s", group="", method=method, run=[f"r{i}" for i in range(n)],
+                                step=1, final=True, curve_target=False, has_curve=False))
+    points = pd.concat(rows, ignore_index=True)
+    statuses = points[["dataset", "split", "method", "run"]].assign(status="ok", reason="", picked="compute", seconds=0.1)
+    res = suite.SuiteResult(points=points, statuses=statuses, methods=["compute", "auto"], n_bootstrap=2, wall_s=1.0)
+    check = {c["dataset"]: c for c in suite.check_auto(res)}
+    assert check["wide"]["covered"] == 90 and check["wide"]["coverage_consistent"] is False
+    assert check["wide"]["median_abs_z"] < 0.3 and check["wide"]["coverage_50"] > 90
+    assert check["fair"]["coverage_consistent"] is True
+    text = suite.calibration_table(res)
+    assert "| wide | final | 90 |" in text and "90 of 90 (calibrated: 81-89): NO" in text
+    pooled = suite.pooled_calibration(res)
+    assert [p["kind"] for p in pooled] == ["final"] and pooled[0]["n"] == 100 and "| **pooled** | final | 100 |" in text
 
 
 def test_a_method_that_fails_is_reported_never_fatal(monkeypatch):
