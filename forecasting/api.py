@@ -606,8 +606,8 @@ def _blend_close_candidates(table: pd.DataFrame, target: TargetSpec, chosen: For
         try:
             forecasts[m] = _forecast_with(table, target, m, n_boot, seed)
         except FitError as error:
-            warn.append(f"{m} backtested within {blend.WITHIN:g}x of {chosen.method} but failed on the whole table "
-                        f"({error}): left out of the blend")
+            why = "had no backtest either" if any(c.get("no_evidence") for c in selection) else f"backtested within {blend.WITHIN:g}x of {chosen.method}"
+            warn.append(f"{m} {why} but failed on the whole table ({error}): left out of the blend")
     weights = {m: w for m, w in weights.items() if m in forecasts}
     for c in selection:
         if c["method"] in weights and len(weights) > 1:

@@ -21,6 +21,10 @@ How:
   independent noisy estimates of one truth, and where the backtest held out many sizes it kept about half of the
   weight on laws that had missed them by more (public suite, Porian's configurations, six to ten held-out sizes:
   2.48% -> 2.18% mean abs error, BENCHMARKS.md);
+- when nothing could be backtested (`no_evidence` in the selection: three rungs, say), the laws that could be
+  fitted, with equal weights: with no evidence between them, the equal-weight average is the combination that
+  is hard to beat (the "forecast combination puzzle", Claeskens et al. 2016), and it keeps their disagreement in
+  the band instead of letting a fixed order of preference decide the forecast;
 - the blend at each step of the first member's curve (the chosen law's), in log space: mean = sum w_i log p_i,
   and a variance that is the mixture's, sum w_i (sigma_i^2 + (log p_i - mean)^2), with sigma_i each member's own
   95% band read back as a log-normal sigma. So the blend's band never loses a member's uncertainty and widens
@@ -45,7 +49,11 @@ def members(selection: list[dict], chosen: str) -> dict[str, float]:
     """{method: weight} of the laws to blend ({chosen: 1.0} when nothing else is close enough)."""
     scored = [c for c in selection if c.get("expected_error") is not None and not c.get("excluded")]
     if not scored:
-        return {chosen: 1.0}
+        alike = [c["method"] for c in selection if c.get("no_evidence")]
+        if chosen not in alike:
+            return {chosen: 1.0}
+        picked = [chosen] + [m for m in alike if m != chosen][: MAX_MEMBERS - 1]
+        return {m: 1.0 / len(picked) for m in picked}
     best = min(max(float(c["expected_error"]), 1e-6) for c in scored)
     close = sorted((c for c in scored if float(c["expected_error"]) <= WITHIN * best), key=lambda c: c["expected_error"])
     close = close[:MAX_MEMBERS]

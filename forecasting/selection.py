@@ -31,7 +31,9 @@ Rules that are not backtests:
 - `compute` is not a candidate on an IsoFLOP ladder (several model sizes at one budget, their losses apart:
   `final_laws.compute_law_blind_spot`): a law of compute alone gives every size at the target's budget one loss.
 - Nothing can be backtested (too few runs): the first applicable of matched_progress, chinchilla,
-  overtrain, compute, data_constrained, moe, with a warning.
+  overtrain, compute, data_constrained, moe is the reference, every applicable one of them is marked
+  `no_evidence`, and `forecasting.blend` averages those with equal weights (nothing tells them apart), with a
+  warning.
 
 The choice is the law `auto` is built around; `forecasting.blend` then decides whether the forecast is that law's
 alone or its blend with the laws whose expected errors the backtest could not tell from it.
@@ -196,9 +198,17 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
                 f"cannot fit any law: {table['run'].nunique()} run(s); need >= 3 runs with curves (matched progress), "
                 ">= 6 finished runs over >= 2 sizes (chinchilla) or >= 3 finished runs (compute law)"
             )
-        choice = min(usable, key=lambda c: order.index(c["method"]))
-        warn.append(f"no candidate could be backtested on {table['run'].nunique()} run(s); {choice['method']} chosen by rule, "
-                    "its band uses the public suite's error rate")
+        usable.sort(key=lambda c: order.index(c["method"]))
+        choice = usable[0]
+        for c in usable:
+            c["no_evidence"] = True
+        if len(usable) == 1:
+            warn.append(f"no candidate could be backtested on {table['run'].nunique()} run(s); {choice['method']} chosen by rule, "
+                        "its band uses the public suite's error rate")
+        else:
+            warn.append(f"no candidate could be backtested on {table['run'].nunique()} run(s): nothing tells "
+                        f"{', '.join(c['method'] for c in usable)} apart, so they are averaged with equal weights; the band "
+                        "uses the public suite's error rates and widens where they disagree")
     choice["chosen"] = True
     return choice["method"], cands, warn
 

@@ -57,6 +57,42 @@ def test_the_more_sizes_the_backtest_held_out_the_more_a_lead_in_error_weighs():
     assert sum(blend.members(sel, "chinchilla").values()) == pytest.approx(1.0)
 
 
+def test_laws_that_nothing_could_backtest_are_averaged_with_equal_weights():
+    def alike(method):
+        return {"method": method, "applicable": True, "reason": "no backtest: too few runs", "no_evidence": True}
+
+    sel = [alike("matched_progress"), {"method": "chinchilla", "applicable": False, "reason": "needs 6 runs"}, alike("compute")]
+    assert blend.members(sel, "matched_progress") == {"matched_progress": 0.5, "compute": 0.5}
+    assert list(blend.members(sel, "matched_progress")) == ["matched_progress", "compute"]  # the reference first
+    # a law with no backtest but not marked (the selection chose by another rule) is not pulled in
+    assert blend.members([alike("compute") | {"no_evidence": False}, alike("overtrain")], "compute") == {"compute": 1.0}
+    # once anything is scored, the evidence decides, as before
+    assert blend.members([_cand("overtrain", 0.01), alike("compute")], "overtrain") == {"overtrain": 1.0}
+
+
+def test_auto_on_three_rungs_with_curves_averages_matched_progress_and_the_compute_law():
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, n in enumerate([6e3, 1.4e4, 2.5e4]):
+        for s in range(20, 401, 20):
+            g = s / 400
+            loss = (1.8 + 400 / n**0.34 + 400 / (8 * n * g) ** 0.28) * (1 + 0.03 * (1 - g)) * math.exp(rng.normal(0, 0.002))
+            rows.append({"run": f"r{i}", "step": s, "loss": loss, "params_active": n, "tokens": 8 * n * g, "flops": 48 * n * n * g,
+                         "fraction": g, "num_steps": 400, "tokens_per_step": 8 * n / 400})
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    target = TargetSpec(name="hero", params_active=5.5e4, tokens=8 * 5.5e4, num_steps=400, tokens_per_step=8 * 5.5e4 / 400)
+    f = forecast_target(table, target, n_bootstrap=20)
+    assert f.method == "blend"
+    weights = {c["method"]: c.get("blend_weight") for c in f.selection}
+    assert weights["matched_progress"] == weights["compute"] == 0.5
+    assert any("averaged with equal weights" in w for w in f.warnings)
+    mp, cl = (forecast_target(table, target, method=m, n_bootstrap=20) for m in ("matched_progress", "compute"))
+    assert f.final_loss == pytest.approx(math.sqrt(mp.final_loss * cl.final_loss), rel=1e-9)  # the mean of the logs
+    assert f.final_loss_lo <= min(mp.final_loss, cl.final_loss) and f.final_loss_hi >= max(mp.final_loss, cl.final_loss)
+
+
 def test_the_blend_is_a_log_space_mixture_whose_band_widens_when_the_members_disagree():
     a = _forecast("overtrain", [3.0, 2.5, 2.0], 0.01)
     b = _forecast("farseer", [3.0, 2.5, 2.2], 0.01)
