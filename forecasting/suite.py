@@ -178,6 +178,22 @@ def _leave_out(dataset: str, name: str, table: pd.DataFrame, held: Sequence[str]
     return Split(dataset, name, validate_table(train), _held_out(table, sorted(held), lr=lr, cap=cap), group)
 
 
+def leave_largest_out(table: pd.DataFrame, n_held: int = 1, *, dataset: str = "this table") -> Split:
+    """A user's own ladder as a suite split: its `n_held` largest finished runs by compute held out, the rest the
+    ladder. What `ladder backtest TABLE --forecast-largest N` scores: each method's whole forecast, band included, of
+    runs the user has the answer to, made as it would have been made one rung (or N) earlier."""
+    from forecasting.final_laws import final_points
+
+    table = validate_table(table)
+    finished = final_points(table)
+    order = sorted(finished["run"].astype(str), key=lambda r: (_run_compute(table[table["run"] == r]), r))
+    if n_held < 1 or len(order) - n_held < 3:
+        raise ValueError(f"holding out the {n_held} largest of {len(order)} finished run(s) leaves fewer than three to fit: "
+                         "give a number from 1 to the finished runs minus three")
+    held = order[-n_held:]
+    return _leave_out(dataset, f"fit {len(order) - n_held} run(s), predict the {n_held} largest", table, held, cap=n_held)
+
+
 # ---------------------------------------------------------------- loaders
 
 

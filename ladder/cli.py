@@ -925,6 +925,9 @@ def backtest(
     markdown: Optional[str] = typer.Option(None, "--markdown", help="With --suite: also write the report to this file."),
     select: Optional[list[str]] = typer.Option(None, "--where", help=WHERE_HELP),
     best_of_sweep: bool = typer.Option(False, "--best-of-sweep", help=SWEEP_HELP),
+    forecast_largest: int = typer.Option(0, "--forecast-largest", help="Also forecast the N largest finished runs from the "
+                                         "others, as the method would have before they ran, and score each forecast and its "
+                                         "95% band on their final loss and every eval (0: off)."),
 ) -> None:
     """How wrong a method is on this ladder: fit the smaller runs (or a curve's prefix), predict the rest.
 
@@ -940,12 +943,14 @@ def backtest(
     try:
         table = _source_table(source, root, select, best_of_sweep)
         report = api.backtest(table, method=method)
+        largest = _forecast_largest(table, method, forecast_largest) if forecast_largest else None
     except typer.Exit:
         raise
     except Exception as error:  # noqa: BLE001
         _forecasting_error(error)
     if as_json:
-        print(report.to_json(indent=2))
+        print(report.to_json(indent=2) if largest is None else
+              json.dumps({"backtest": json.loads(report.to_json()), "forecast_largest": largest}, indent=2, default=str))
         return
     table_view = Table(title=f"backtests of {report.method}")
     for column in ("kind", "held out", "mean err", "rms err", "worst", "distance", "err per unit"):
@@ -955,6 +960,43 @@ def backtest(
     console.print(table_view)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+    if largest is not None:
+        _print_forecast_largest(largest, method)
+
+
+def _forecast_largest(table, method: str, n_held: int) -> list[dict]:
+    """Each of the n largest finished runs forecast from the others (`forecasting.suite.leave_largest_out`): the
+    forecast at the run's last eval against the actual, and over every eval its MAE and band coverage."""
+    from forecasting import suite as public_suite
+
+    split = public_suite.leave_largest_out(table, n_held)
+    res = public_suite.run_suite([split], [method], n_bootstrap=50, timeout_s=None)
+    rows = []
+    for _, st in res.statuses.iterrows():
+        pts = res.points[res.points["run"] == st["run"]]
+        row = {"run": st["run"], "status": st["status"], "reason": st["reason"], "method": st["picked"]}
+        if len(pts):
+            last = pts.sort_values("step").iloc[-1]
+            every = public_suite.metrics(pts)
+            row |= {"step": int(last["step"]), "actual": float(last["actual"]), "predicted": float(last["pred"]),
+                    "lo": float(last["lo"]), "hi": float(last["hi"]), "error": float(last["rel_error"]), "covered": bool(last["covered"]),
+                    "evals": every["n"], "evals_mae": every["mae"] / 100, "evals_covered": every["coverage"] / 100}
+        rows.append(row)
+    return rows
+
+
+def _print_forecast_largest(rows: list[dict], method: str) -> None:
+    view = Table(title=f"{method} forecasts of the largest runs from the others (95% band)")
+    for column in ("run", "method", "last eval", "predicted [band]", "actual", "error", "in band", "evals: MAE, in band"):
+        view.add_column(column)
+    for r in rows:
+        if "actual" not in r:
+            view.add_row(r["run"], f"{r['status']}: {r['reason']}", "-", "-", "-", "-", "-", "-")
+            continue
+        view.add_row(r["run"], str(r["method"]), str(r["step"]), f"{r['predicted']:.4f} [{r['lo']:.4f}, {r['hi']:.4f}]",
+                     f"{r['actual']:.4f}", f"{r['error']:+.2%}", "yes" if r["covered"] else "NO",
+                     f"{r['evals']}: {r['evals_mae']:.2%}, {r['evals_covered']:.0%}")
+    console.print(view)
 
 
 def _held_out(runs: list[str], shown: int = 6) -> str:

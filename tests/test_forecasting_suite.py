@@ -5,6 +5,7 @@ Method quality is not asserted here (that is what the suite measures); only the 
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -247,3 +248,43 @@ def test_ladder_backtest_suite_prints_the_table_and_rejects_unknown_names(tmp_pa
     bad = runner.invoke(app, ["backtest", "--suite", "--datasets", "nope"])
     assert bad.exit_code == 2 and "unknown data set(s) ['nope']" in bad.output
     assert runner.invoke(app, ["backtest"]).exit_code == 2
+
+
+def _ladder_with_curves(sizes) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, n in enumerate(sizes):
+        for s in range(20, 401, 20):
+            g = s / 400
+            loss = (1.8 + 400 / n**0.34 + 400 / (8 * n * g) ** 0.28) * (1 + 0.03 * (1 - g)) * np.exp(rng.normal(0, 0.002))
+            rows.append({"run": f"r{i}", "step": s, "loss": loss, "params_active": n, "tokens": 8 * n * g, "flops": 48 * n * n * g,
+                         "fraction": g, "num_steps": 400, "tokens_per_step": 8 * n / 400})
+    return pd.DataFrame(rows)
+
+
+def test_ladder_backtest_forecasts_the_largest_runs_of_a_users_table_from_the_others(tmp_path):
+    from typer.testing import CliRunner
+
+    from ladder.cli import app
+
+    table = _ladder_with_curves([6e3, 1e4, 1.4e4, 2e4, 2.8e4])
+    split = suite.leave_largest_out(table, 2)
+    assert sorted(split.train["run"].unique()) == ["r0", "r1", "r2"] and [h.run for h in split.targets] == ["r3", "r4"]
+    assert split.targets[1].target.params_active == 2.8e4 and split.targets[1].target.num_steps == 400
+    with pytest.raises(ValueError, match="leaves fewer than three to fit"):
+        suite.leave_largest_out(table, 3)
+    path = tmp_path / "runs.csv"
+    table.to_csv(path, index=False)
+    runner = CliRunner()
+    out = runner.invoke(app, ["backtest", str(path), "--forecast-largest", "1", "--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.stdout)["forecast_largest"]
+    assert [r["run"] for r in rows] == ["r4"] and rows[0]["status"] == "ok"
+    r = rows[0]
+    assert r["actual"] == pytest.approx(table[table["run"] == "r4"]["loss"].iloc[-1])
+    assert r["error"] == pytest.approx(r["predicted"] / r["actual"] - 1) and abs(r["error"]) < 0.03
+    assert r["lo"] < r["predicted"] < r["hi"] and r["covered"] and r["evals"] == 20 and 0 <= r["evals_covered"] <= 1
+    text = runner.invoke(app, ["backtest", str(path), "--forecast-largest", "1"])
+    assert text.exit_code == 0 and "forecasts of the largest runs from the others" in text.stdout and "r4" in text.stdout
+    too_many = runner.invoke(app, ["backtest", str(path), "--forecast-largest", "3"])
+    assert too_many.exit_code != 0 and "leaves fewer than three to fit" in too_many.output
