@@ -886,8 +886,12 @@ def pooled_calibration(res: SuiteResult, method: str = "auto") -> list[dict]:
     """`method`'s metrics over every data set's points pooled, per kind (each target counts once, so the data sets
     with many targets weigh more: the per-data-set rows are the fair comparison, these the overall calibration)."""
     p = res.points[res.points["method"] == method]
-    return [{"kind": kind} | metrics(_kind_points(p, kind)) | _calibration(metrics(_kind_points(p, kind)), kind)
-            for kind in ("final", "curve") if len(_kind_points(p, kind))]
+    out = []
+    for kind in ("final", "curve"):
+        m = metrics(_kind_points(p, kind))
+        if m["n"]:
+            out.append({"kind": kind} | m | _calibration(m, kind))
+    return out
 
 
 def _cell(r: dict | None, kind: str) -> str:

@@ -936,6 +936,9 @@ def backtest(
     from forecasting import api
 
     if suite:
+        if forecast_largest:
+            _fail("--forecast-largest scores a ladder of your own (give an experiment or a table); the suite already holds "
+                  "out the largest runs of every public data set.")
         _backtest_suite(quick, datasets, methods, n_bootstrap, timeout, budget, markdown, as_json)
         return
     if source is None:

@@ -288,3 +288,5 @@ def test_ladder_backtest_forecasts_the_largest_runs_of_a_users_table_from_the_ot
     assert text.exit_code == 0 and "forecasts of the largest runs from the others" in text.stdout and "r4" in text.stdout
     too_many = runner.invoke(app, ["backtest", str(path), "--forecast-largest", "3"])
     assert too_many.exit_code != 0 and "leaves fewer than three to fit" in too_many.output
+    with_suite = runner.invoke(app, ["backtest", "--suite", "--forecast-largest", "1"])
+    assert with_suite.exit_code == 2 and "scores a ladder of your own" in with_suite.output
