@@ -866,6 +866,8 @@ def _print_selection(candidates: list[dict]) -> None:
         exp_err = f"{c['expected_error']:.2%}" if c.get("expected_error") is not None else "-"
         weight = f"{c['blend_weight']:.2f}" if c.get("blend_weight") else "-"
         note = "chosen" if c.get("chosen") else (c.get("excluded") or c.get("reason") or "")
+        if c.get("no_evidence"):
+            note = f"{'the reference; ' if c.get('chosen') else ''}no backtest possible: averaged with equal weights"
         if c.get("fit_at_bounds"):
             note += f" (its fit sits on a bound of {', '.join(c['fit_at_bounds'])})"
         ck = c.get("checkpoints")
@@ -919,7 +921,7 @@ def backtest(
     quick: bool = typer.Option(False, "--quick", help="With --suite: a small subset (one split per data set, few targets)."),
     datasets: Optional[str] = typer.Option(None, "--datasets", help="With --suite: comma-separated data sets (default all)."),
     methods: Optional[str] = typer.Option(None, "--methods", help="With --suite: comma-separated methods (default every method + auto)."),
-    n_bootstrap: int = typer.Option(20, "--n-bootstrap", help="With --suite: bootstrap refits per forecast."),
+    n_bootstrap: int = typer.Option(20, "--n-bootstrap", help="With --suite or --forecast-largest: bootstrap refits per forecast."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="With --suite: seconds per forecast call before it counts as a timeout (default 120; 10 with --quick)."),
     budget: Optional[float] = typer.Option(None, "--budget", help="With --suite: seconds one method may spend on one data set, the rest skipped (default 600; 10 with --quick)."),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="With --suite: also write the report to this file."),
@@ -946,7 +948,7 @@ def backtest(
     try:
         table = _source_table(source, root, select, best_of_sweep)
         report = api.backtest(table, method=method)
-        largest = _forecast_largest(table, method, forecast_largest) if forecast_largest else None
+        largest = _forecast_largest(table, method, forecast_largest, n_bootstrap) if forecast_largest else None
     except typer.Exit:
         raise
     except Exception as error:  # noqa: BLE001
@@ -967,13 +969,13 @@ def backtest(
         _print_forecast_largest(largest, method)
 
 
-def _forecast_largest(table, method: str, n_held: int) -> list[dict]:
+def _forecast_largest(table, method: str, n_held: int, n_bootstrap: int) -> list[dict]:
     """Each of the n largest finished runs forecast from the others (`forecasting.suite.leave_largest_out`): the
     forecast at the run's last eval against the actual, and over every eval its MAE and band coverage."""
     from forecasting import suite as public_suite
 
     split = public_suite.leave_largest_out(table, n_held)
-    res = public_suite.run_suite([split], [method], n_bootstrap=50, timeout_s=None)
+    res = public_suite.run_suite([split], [method], n_bootstrap=n_bootstrap, timeout_s=None)
     rows = []
     for _, st in res.statuses.iterrows():
         pts = res.points[res.points["run"] == st["run"]]

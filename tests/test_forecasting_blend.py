@@ -70,7 +70,7 @@ def test_laws_that_nothing_could_backtest_are_averaged_with_equal_weights():
     assert blend.members([_cand("overtrain", 0.01), alike("compute")], "overtrain") == {"overtrain": 1.0}
 
 
-def test_auto_on_three_rungs_with_curves_averages_matched_progress_and_the_compute_law():
+def test_auto_on_three_rungs_with_curves_averages_matched_progress_and_the_compute_law(tmp_path):
     rng = np.random.default_rng(0)
     rows = []
     for i, n in enumerate([6e3, 1.4e4, 2.5e4]):
@@ -91,6 +91,16 @@ def test_auto_on_three_rungs_with_curves_averages_matched_progress_and_the_compu
     mp, cl = (forecast_target(table, target, method=m, n_bootstrap=20) for m in ("matched_progress", "compute"))
     assert f.final_loss == pytest.approx(math.sqrt(mp.final_loss * cl.final_loss), rel=1e-9)  # the mean of the logs
     assert f.final_loss_lo <= min(mp.final_loss, cl.final_loss) and f.final_loss_hi >= max(mp.final_loss, cl.final_loss)
+    # the CLI says so in its candidates table, rather than calling the reference "chosen" by a backtest
+    from typer.testing import CliRunner
+
+    from ladder.cli import app
+
+    table.to_csv(tmp_path / "runs.csv", index=False)
+    out = CliRunner().invoke(app, ["forecast", str(tmp_path / "runs.csv"), "--params-active", "5.5e4", "--tokens", "440000",
+                                   "--num-steps", "400", "--n-bootstrap", "20"], env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    assert out.stdout.count("averaged with equal weights") >= 3  # the warning and both members' notes
 
 
 def test_the_blend_is_a_log_space_mixture_whose_band_widens_when_the_members_disagree():
