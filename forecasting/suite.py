@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting import api
+from forecasting.final_laws import Z95
 from forecasting.fitting import FitError
 from forecasting.forecast import Forecast, TargetSpec
 from forecasting.multipower import curve_from_table, multipowerlaw_schedule
@@ -772,7 +773,7 @@ def _one_line(e: BaseException) -> str:
 # ---------------------------------------------------------------- aggregation
 
 
-Z50, Z80, Z95 = 0.6744897501960817, 1.2815515655446004, 1.959963984540054
+Z50, Z80 = 0.6744897501960817, 1.2815515655446004  # the 50% and 80% two-sided normal quantiles (Z95: final_laws)
 
 
 def band_z(points: pd.DataFrame) -> np.ndarray:

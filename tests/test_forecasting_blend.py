@@ -9,6 +9,7 @@ from forecasting import blend
 from forecasting.api import TargetSpec, forecast_target
 from forecasting.forecast import CurvePoint, Forecast
 from forecasting.public_data import chinchilla_points, data_dir
+from tests.forecasting_helpers import ladder_curves
 
 Z95 = 1.959963984540054
 
@@ -71,17 +72,7 @@ def test_laws_that_nothing_could_backtest_are_averaged_with_equal_weights():
 
 
 def test_auto_on_three_rungs_with_curves_averages_matched_progress_and_the_compute_law(tmp_path):
-    rng = np.random.default_rng(0)
-    rows = []
-    for i, n in enumerate([6e3, 1.4e4, 2.5e4]):
-        for s in range(20, 401, 20):
-            g = s / 400
-            loss = (1.8 + 400 / n**0.34 + 400 / (8 * n * g) ** 0.28) * (1 + 0.03 * (1 - g)) * math.exp(rng.normal(0, 0.002))
-            rows.append({"run": f"r{i}", "step": s, "loss": loss, "params_active": n, "tokens": 8 * n * g, "flops": 48 * n * n * g,
-                         "fraction": g, "num_steps": 400, "tokens_per_step": 8 * n / 400})
-    import pandas as pd
-
-    table = pd.DataFrame(rows)
+    table = ladder_curves([6e3, 1.4e4, 2.5e4], 8.0, evals=20)
     target = TargetSpec(name="hero", params_active=5.5e4, tokens=8 * 5.5e4, num_steps=400, tokens_per_step=8 * 5.5e4 / 400)
     f = forecast_target(table, target, n_bootstrap=20)
     assert f.method == "blend"

@@ -14,10 +14,8 @@ import pytest
 from forecasting.api import TargetSpec, fit_ladder, forecast_target, refit_forecast
 from forecasting.fitting import FitError
 from forecasting.forecast import CurvePoint, Forecast
-
-
-def _law(n, d):
-    return 1.8 + 400.0 / np.asarray(n) ** 0.34 + 400.0 / np.asarray(d) ** 0.28
+from tests.forecasting_helpers import known_law as _law
+from tests.forecasting_helpers import ladder_curves as _curves
 
 
 def _final_table(sizes, tokens_per_param, noise=0.003, seed=0):
@@ -27,20 +25,6 @@ def _final_table(sizes, tokens_per_param, noise=0.003, seed=0):
     loss = _law(n, d) * np.exp(rng.normal(0, noise, len(n)))
     return pd.DataFrame({"run": [f"r{i}" for i in range(len(n))], "step": 100, "loss": loss, "params_active": n,
                          "tokens": d, "flops": 6 * n * d, "fraction": 1.0})
-
-
-def _curves(sizes, tokens_per_param, evals, steps=400, noise=0.002, seed=0):
-    """Rungs with whole curves: the law at the tokens seen plus a schedule offset that vanishes at the end."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i, n in enumerate(sizes):
-        d_full = n * tokens_per_param
-        for s in np.unique(np.linspace(steps / evals, steps, evals).round().astype(int)):
-            g = s / steps
-            loss = _law(n, g * d_full) * (1 + 0.03 * (1 - g)) * math.exp(rng.normal(0, noise))
-            rows.append({"run": f"r{i}", "step": int(s), "loss": loss, "params_active": float(n), "tokens": g * d_full,
-                         "flops": 6 * n * g * d_full, "fraction": g, "num_steps": steps, "tokens_per_step": d_full / steps})
-    return pd.DataFrame(rows)
 
 
 def test_three_runs_give_a_band_that_is_not_degenerate_and_says_why():

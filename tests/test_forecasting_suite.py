@@ -16,6 +16,7 @@ from scipy.stats import binom
 from forecasting import api, suite
 from forecasting.forecast import CurvePoint, Forecast, TargetSpec
 from forecasting.table import validate_table
+from tests.forecasting_helpers import ladder_curves
 
 
 @pytest.mark.parametrize(
@@ -250,24 +251,12 @@ def test_ladder_backtest_suite_prints_the_table_and_rejects_unknown_names(tmp_pa
     assert runner.invoke(app, ["backtest"]).exit_code == 2
 
 
-def _ladder_with_curves(sizes) -> pd.DataFrame:
-    rng = np.random.default_rng(0)
-    rows = []
-    for i, n in enumerate(sizes):
-        for s in range(20, 401, 20):
-            g = s / 400
-            loss = (1.8 + 400 / n**0.34 + 400 / (8 * n * g) ** 0.28) * (1 + 0.03 * (1 - g)) * np.exp(rng.normal(0, 0.002))
-            rows.append({"run": f"r{i}", "step": s, "loss": loss, "params_active": n, "tokens": 8 * n * g, "flops": 48 * n * n * g,
-                         "fraction": g, "num_steps": 400, "tokens_per_step": 8 * n / 400})
-    return pd.DataFrame(rows)
-
-
 def test_ladder_backtest_forecasts_the_largest_runs_of_a_users_table_from_the_others(tmp_path):
     from typer.testing import CliRunner
 
     from ladder.cli import app
 
-    table = _ladder_with_curves([6e3, 1e4, 1.4e4, 2e4, 2.8e4])
+    table = ladder_curves([6e3, 1e4, 1.4e4, 2e4, 2.8e4], 8.0, evals=20)
     split = suite.leave_largest_out(table, 2)
     assert sorted(split.train["run"].unique()) == ["r0", "r1", "r2"] and [h.run for h in split.targets] == ["r3", "r4"]
     assert split.targets[1].target.params_active == 2.8e4 and split.targets[1].target.num_steps == 400
