@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
-from scipy.ndimage import maximum_filter1d
 
 from forecasting.fitting import FitError
 from forecasting.forecast import BacktestResult
@@ -85,7 +84,7 @@ def matched_progress_rate_by_fraction(table: pd.DataFrame, grid: np.ndarray, *, 
     Why per fraction: on a ladder whose rungs differ a lot in steps, matched progress can be right at the
     end and wrong mid-run (the small rungs' early curves are step-limited); one rate for the whole curve
     would make the mid-run band too narrow. Each held-out run's relative error is interpolated at the grid
-    fractions it reached; the rate at g is sqrt(sum e_g^2 / sum d^2), then the largest of its neighbours'.
+    fractions it reached and pooled over a window around g (`rate_by_fraction`).
     """
     comp = run_compute(table)
     runs = list(comp.index)
@@ -101,14 +100,22 @@ def matched_progress_rate_by_fraction(table: pd.DataFrame, grid: np.ndarray, *, 
     return rate_by_fraction(errors, grid)
 
 
+RATE_WINDOW = 0.35  # half-width, in ln(fraction), of the window a per-fraction rate pools errors over
+_WINDOW_SAMPLES = 29
+
+
 def rate_by_fraction(errors: list[tuple[np.ndarray, np.ndarray, float]], grid: np.ndarray) -> np.ndarray:
     """Error per unit distance at each fraction of `grid` from held-out curves (fractions, relative errors, distance).
 
-    Each curve's error is interpolated (in log fraction) at the grid fractions it logged; the rate at g is
-    sqrt(sum e_g^2 / sum d^2), then the largest of its neighbours' (two grid cells either side: one lucky cell is
-    no evidence); a fraction no held-out curve logged takes the rate of the whole curves.
+    Each curve's error, interpolated in log fraction, is pooled over a window of +-RATE_WINDOW in ln(fraction)
+    around g (a factor of about 1.4 either side), clipped to the fractions that curve logged: the rate at g is
+    sqrt(sum of the curves' mean e^2 in the window / sum d^2). Why a window of fixed width in ln(fraction) and
+    not the grid cell: one held-out curve crosses zero by luck somewhere, and a rate read at one fraction then
+    makes a band that pinches there and flares beside it; and a window counted in grid cells would change with
+    the caller's grid. A fraction no held-out curve logged takes the rate of the whole curves.
     """
     lgrid = np.log(np.clip(np.asarray(grid, dtype=float), 1e-9, None))
+    offsets = np.linspace(-RATE_WINDOW, RATE_WINDOW, _WINDOW_SAMPLES)
     num, den = np.zeros(len(lgrid)), np.zeros(len(lgrid))
     all_e, all_d = [], []
     for g, rel, d in errors:
@@ -116,19 +123,20 @@ def rate_by_fraction(errors: list[tuple[np.ndarray, np.ndarray, float]], grid: n
         if not ok.any():
             continue
         lg, e = np.log(g[ok]), rel[ok]
+        order = np.argsort(lg)
+        lg, e = lg[order], e[order]
         inside = (lgrid >= lg.min() - 1e-9) & (lgrid <= lg.max() + 1e-9)
-        num[inside] += np.interp(lgrid[inside], lg, e) ** 2
+        at = lgrid[inside, None] + offsets[None, :]
+        logged = (at >= lg.min() - 1e-9) & (at <= lg.max() + 1e-9)
+        sq = np.where(logged, np.interp(at, lg, e) ** 2, 0.0)
+        num[inside] += sq.sum(axis=1) / logged.sum(axis=1)
         den[inside] += d**2
         all_e.extend(e)
         all_d.extend([d] * len(e))
     if not all_e:
         raise FitError("no held-out curve with a finite error to measure a per-fraction rate on")
     whole = float(np.sqrt(np.sum(np.square(all_e)) / np.sum(np.square(all_d))))
-    rate = np.where(den > 0, np.sqrt(num / np.maximum(den, 1e-300)), whole)
-    order = np.argsort(lgrid)
-    out = np.empty_like(rate)
-    out[order] = maximum_filter1d(rate[order], size=5, mode="nearest")
-    return out
+    return np.where(den > 0, np.sqrt(num / np.maximum(den, 1e-300)), whole)
 
 
 FINISHED = 0.99  # a run whose last logged point is at 99% of its planned steps counts as finished

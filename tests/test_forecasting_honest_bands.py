@@ -206,6 +206,36 @@ def test_a_final_law_curve_band_is_as_wide_early_as_its_backtest_missed_the_rung
     assert half[early].min() > 2 * half[-1], "the early band must come from the early backtest, the end's from the final one"
 
 
+def _rate_at(errors, fractions, grid):
+    from forecasting.backtest import rate_by_fraction
+
+    rate = rate_by_fraction(errors, grid)
+    return np.array([rate[np.argmin(np.abs(grid - g))] for g in fractions])
+
+
+def test_the_per_fraction_rate_does_not_depend_on_the_callers_grid():
+    g = np.geomspace(0.02, 1.0, 30)
+    errors = [(g, 0.02 * np.sin(3 * np.log(g)), 0.5), (g, 0.01 + 0.005 * np.log(g), 0.3)]
+    at = np.array([0.05, 0.1, 0.3, 0.6])
+    coarse = np.unique(np.r_[np.arange(1, 21) * 0.05, at])
+    fine = np.unique(np.r_[np.geomspace(0.001, 1.0, 400), np.linspace(0.02, 1.0, 50), at])
+    np.testing.assert_allclose(_rate_at(errors, at, coarse), _rate_at(errors, at, fine), rtol=1e-6)
+    halved = [(gg, e, 2 * d) for gg, e, d in errors]
+    np.testing.assert_allclose(_rate_at(halved, at, fine), _rate_at(errors, at, fine) / 2, rtol=1e-6)
+
+
+def test_a_held_out_curve_that_crosses_zero_does_not_pinch_the_band_there():
+    g = np.geomspace(0.02, 1.0, 40)
+    errors = [(g, 0.03 * np.log(g / 0.3), 1.0)]  # right by luck at 30% of the run, off by 3% per e-fold either side
+    grid = np.unique(np.r_[np.geomspace(0.001, 1.0, 400), np.linspace(0.02, 1.0, 50), 0.3])
+    at_crossing, beside = _rate_at(errors, [0.3, 0.15], grid)
+    assert at_crossing > 0.25 * beside, (at_crossing, beside)
+    # the window's RMS of a line through zero: 0.03 * RATE_WINDOW / sqrt(3)
+    from forecasting.backtest import RATE_WINDOW
+
+    assert at_crossing == pytest.approx(0.03 * RATE_WINDOW / math.sqrt(3), rel=0.05)
+
+
 def _grid_table(sizes, ratios, noise=0.003, seed=0):
     """Finished runs at every (size, tokens per parameter) pair of the grid."""
     parts = [_final_table(sizes, m, noise=noise, seed=seed + i).assign(run=lambda t, i=i: [f"m{i}_{r}" for r in t["run"]])
