@@ -516,9 +516,10 @@ def _curve_steps(num_steps: int, extra_fractions: Sequence[float] = ()) -> np.nd
 
 def _band(pred: np.ndarray, rel_sigmas: dict[str, np.ndarray], *, fit: str | None = None,
           backtest: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(lo, hi, total sigma): the terms in quadrature, the `fit` and `backtest` ones as `final_laws.band_total` counts them."""
+    """(lo, hi, total sigma): the terms in quadrature, the `fit` and `backtest` ones as `final_laws.band_total` counts them,
+    +-Z95 sigma in log space as the final laws' bands (a wide band stays positive)."""
     total = fl.band_total(rel_sigmas, fit=fit, backtest=backtest)
-    return pred * (1 - Z95 * total), pred * (1 + Z95 * total), total
+    return pred * np.exp(-Z95 * total), pred * np.exp(Z95 * total), total
 
 
 def _curve(steps, pred, lo, hi, target: TargetSpec) -> list[CurvePoint]:

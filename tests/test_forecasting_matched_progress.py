@@ -47,3 +47,20 @@ def test_profiled_asymptote_and_extrapolation_on_a_known_ladder():
     f = forecast_target(t, TargetSpec(name="t", params_active=1e10, tokens=1e12, num_steps=20000, total_flops=c_target), n_bootstrap=20)
     assert f.final_loss_lo <= truth[1] <= f.final_loss_hi
     assert f.backtest[0].held_out == ["r3", "r4"]  # ordered: fit 3 smallest -> predict 4th, fit 4 -> predict 5th
+
+
+def test_the_matched_progress_band_is_log_normal_like_every_other_law_s():
+    """lo * hi = loss^2 at every step: the band is +-1.96 sigma in log space, as the final laws' and the blend's
+    reading of it (a band symmetric in loss would put lo below zero once sigma passes 51%)."""
+    from tests.forecasting_helpers import ladder_curves
+
+    sizes = [2e4, 4e4, 8e4, 1.6e5, 3.2e5]
+    table = ladder_curves(sizes, 8.0, evals=20)
+    n = 1.28e6
+    target = TargetSpec(name="hero", params_active=n, tokens=8 * n, num_steps=400, tokens_per_step=8 * n / 400)
+    f = forecast_target(table, target, method="matched_progress", n_bootstrap=20)
+    loss = np.array([p.loss for p in f.curve])
+    lo, hi = np.array([p.lo for p in f.curve]), np.array([p.hi for p in f.curve])
+    assert np.all(lo > 0) and np.all(hi > lo)
+    np.testing.assert_allclose(lo * hi, loss**2, rtol=1e-9)
+    assert np.log(f.final_loss_hi / f.final_loss_lo) / (2 * 1.959964) == pytest.approx(f.band_terms["total"], rel=1e-6)
