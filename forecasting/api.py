@@ -235,13 +235,13 @@ class BacktestReport(BaseModel):
 
     def summary(self) -> dict:
         """Flat dict for --json. final_loss*: the compute backtest's prediction of its largest held-out run
-        (at its last point) with a +-1.96 * RMS-backtest-error band; final_loss_actual: what it reached."""
+        (at its last point) with a +-1.96 * RMS-backtest-error band in log space; final_loss_actual: what it reached."""
         out = {"method": self.method, "results": [r.model_dump() for r in self.results], "warnings": list(self.warnings)}
         comp = next((r for r in self.results if r.kind == "compute" and r.final_predicted is not None), None)
         out["final_run"] = comp.final_run if comp else None
         out["final_loss"] = comp.final_predicted if comp else None
-        out["final_loss_lo"] = comp.final_predicted * (1 - Z95 * comp.rms_rel_error) if comp else None
-        out["final_loss_hi"] = comp.final_predicted * (1 + Z95 * comp.rms_rel_error) if comp else None
+        out["final_loss_lo"] = comp.final_predicted * math.exp(-Z95 * comp.rms_rel_error) if comp else None
+        out["final_loss_hi"] = comp.final_predicted * math.exp(Z95 * comp.rms_rel_error) if comp else None
         out["final_loss_actual"] = comp.final_actual if comp else None
         return out
 
