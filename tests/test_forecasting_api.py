@@ -108,6 +108,7 @@ def test_cli_json_documents_carry_final_loss_keys():
         assert doc["final_loss_lo"] <= doc["final_loss"] <= doc["final_loss_hi"]
     assert fit["final_run"] == "d2048" and rep["final_run"] == "d2048"
     assert abs(rep["final_loss"] / rep["final_loss_actual"] - 1) < 0.02
+    assert rep["final_loss_lo"] * rep["final_loss_hi"] == pytest.approx(rep["final_loss"] ** 2, rel=1e-12), "a log-space band"
 
 
 def test_auto_falls_back_to_the_next_best_when_the_winner_fails_on_the_whole_table(monkeypatch):
