@@ -108,14 +108,16 @@ def rate_by_fraction(errors: list[tuple[np.ndarray, np.ndarray, float]], grid: n
     """Error per unit distance at each fraction of `grid` from held-out curves (fractions, relative errors, distance).
 
     Each curve's error, interpolated in log fraction, is pooled over a window of +-RATE_WINDOW in ln(fraction)
-    around g (a factor of about 1.4 either side), clipped to the fractions that curve logged: the rate at g is
-    sqrt(sum of the curves' mean e^2 in the window / sum d^2). Why a window of fixed width in ln(fraction) and
-    not the grid cell: one held-out curve crosses zero by luck somewhere, and a rate read at one fraction then
-    makes a band that pinches there and flares beside it; and a window counted in grid cells would change with
-    the caller's grid. A fraction no held-out curve logged takes the rate of the whole curves.
+    around g (a factor of about 1.4 either side), narrowed near the ends of the fractions that curve logged so that
+    it stays centred on g: the rate at g is sqrt(sum of the curves' mean e^2 in the window / sum d^2). Why a window
+    of fixed width in ln(fraction) and not the grid cell: one held-out curve crosses zero by luck somewhere, and a
+    rate read at one fraction then makes a band that pinches there and flares beside it; and a window counted in
+    grid cells would change with the caller's grid. Why centred: at the end of a run the error has a trend of its
+    own (the anneal pins the last point), and a one-sided window would read mid-run errors into the final
+    point's. A fraction no held-out curve logged takes the rate of the whole curves.
     """
     lgrid = np.log(np.clip(np.asarray(grid, dtype=float), 1e-9, None))
-    offsets = np.linspace(-RATE_WINDOW, RATE_WINDOW, _WINDOW_SAMPLES)
+    unit = np.linspace(-1.0, 1.0, _WINDOW_SAMPLES)
     num, den = np.zeros(len(lgrid)), np.zeros(len(lgrid))
     all_e, all_d = [], []
     for g, rel, d in errors:
@@ -126,10 +128,9 @@ def rate_by_fraction(errors: list[tuple[np.ndarray, np.ndarray, float]], grid: n
         order = np.argsort(lg)
         lg, e = lg[order], e[order]
         inside = (lgrid >= lg.min() - 1e-9) & (lgrid <= lg.max() + 1e-9)
-        at = lgrid[inside, None] + offsets[None, :]
-        logged = (at >= lg.min() - 1e-9) & (at <= lg.max() + 1e-9)
-        sq = np.where(logged, np.interp(at, lg, e) ** 2, 0.0)
-        num[inside] += sq.sum(axis=1) / logged.sum(axis=1)
+        centre = lgrid[inside]
+        half = np.clip(np.minimum(centre - lg.min(), lg.max() - centre), 0.0, RATE_WINDOW)
+        num[inside] += np.mean(np.interp(centre[:, None] + half[:, None] * unit[None, :], lg, e) ** 2, axis=1)
         den[inside] += d**2
         all_e.extend(e)
         all_d.extend([d] * len(e))

@@ -236,6 +236,15 @@ def test_a_held_out_curve_that_crosses_zero_does_not_pinch_the_band_there():
     assert at_crossing == pytest.approx(0.03 * RATE_WINDOW / math.sqrt(3), rel=0.05)
 
 
+def test_the_window_stays_centred_so_the_end_of_a_run_keeps_its_own_error():
+    g = np.linspace(0.05, 1.0, 20)
+    errors = [(g, 0.004 + 0.04 * (1 - g), 1.0)]  # off by 4% mid-run, pinned near 0.4% by the anneal at the end
+    grid = np.unique(np.r_[np.geomspace(0.01, 1.0, 200), 0.5])
+    at_end, mid = _rate_at(errors, [1.0, 0.5], grid)
+    assert at_end == pytest.approx(0.004, rel=1e-6), "the final point's rate is its own error, not the mid-run's"
+    assert mid == pytest.approx(0.024, rel=0.05)
+
+
 def _grid_table(sizes, ratios, noise=0.003, seed=0):
     """Finished runs at every (size, tokens per parameter) pair of the grid."""
     parts = [_final_table(sizes, m, noise=noise, seed=seed + i).assign(run=lambda t, i=i: [f"m{i}_{r}" for r in t["run"]])
