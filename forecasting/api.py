@@ -789,7 +789,7 @@ def refit_forecast(
         warn.append(f"no prefix backtest possible ({e}); the live curve's band beyond the prefix is too narrow")
     sig_live = np.sqrt(sum(np.square(v) for v in live_sig.values()))
     p_loss, p_lo, p_hi = (np.array([prior.band_at(s)[k] for s in steps]) for k in range(3))
-    sig_prior = (p_hi - p_lo) / (2 * Z95) / p_loss
+    sig_prior = (np.log(p_hi) - np.log(np.maximum(p_lo, 1e-300))) / (2 * Z95)  # the prior's band read back as a log-normal sigma
     if np.any(sig_prior < fl.NOISE_FLOOR):
         warn.append(f"the ladder forecast's band is narrower than an eval's own noise ({fl.NOISE_FLOOR:.1%}) at some steps; "
                     "the refit reads it as that wide")

@@ -102,6 +102,22 @@ def test_refit_against_a_zero_width_prior_keeps_finite_weights_and_moves():
     assert any("narrower than an eval's own noise" in x for x in f.warnings)
 
 
+def test_refit_reads_the_prior_band_as_the_log_normal_it_is_and_a_flat_prior_gets_no_weight():
+    table = _curves([1e7, 3e7, 1e8, 3e8], 20.0, evals=10)
+    n_t = 1e9
+    target = TargetSpec(name="t", params_active=n_t, tokens=20 * n_t, num_steps=400, tokens_per_step=20 * n_t / 400)
+    steps = np.arange(20, 161, 20)
+    live = pd.DataFrame({"run": "t", "step": steps, "loss": 2.6 * (steps / 20.0) ** -0.05, "params_active": n_t})
+    for sigma in (0.05, 117.0):
+        lo, hi = 2.0 * math.exp(-1.959964 * sigma), 2.0 * math.exp(1.959964 * sigma)
+        prior = Forecast(target=target, method="compute", inputs_fingerprint="x", final_loss=2.0, final_loss_lo=lo,
+                         final_loss_hi=hi, law="L", curve=[CurvePoint(step=s, loss=2.0, lo=lo, hi=hi) for s in (1, 400)])
+        f = refit_forecast(table, target, live, prior=prior, n_bootstrap=5)
+        assert f.band_terms["prior"] == pytest.approx(sigma, rel=1e-4)
+        assert math.isfinite(f.final_loss_lo) and 0 < f.final_loss_lo < f.final_loss < f.final_loss_hi
+    assert f.band_terms["live_weight_final"] > 1 - 1e-5, "a prior 1e100 wide must not pull the refit"
+
+
 def test_watch_never_prints_a_sigma_that_is_not_finite():
     from ladder.views.watch import _sigma_text
 
