@@ -55,7 +55,7 @@ from forecasting.backtest import FINISHED, rate_by_fraction
 from forecasting.bootstrap import percentile_interval, robust_sigma, run_weights, stratified_run_weights
 from forecasting.checkpoints import annealed_checkpoints
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
-from forecasting.forecast import BacktestResult, TargetSpec
+from forecasting.forecast import Z95, BacktestResult, TargetSpec
 from forecasting.surfaces import MIN_RATIO_SPREAD, SURFACES, fit_surface
 
 FINAL_LAWS = ("compute", "overtrain", "chinchilla", "farseer", "moe", "data_constrained")  # simplest first
@@ -80,7 +80,6 @@ DN_BIN = 0.1  # decades of D/N that count as one level when the backtest splits 
 # not: a checkpoint is a run at fewer tokens per parameter than the ladder's, which a law of compute alone cannot tell.
 CHECKPOINT_LAWS = ("overtrain", "chinchilla", "farseer", "moe", "data_constrained")
 CHECKPOINT_MIN_RUNS = 3  # a checkpoint fit still needs runs (sizes) for the size terms; points it has plenty of
-Z95 = 1.959963984540054
 
 
 @dataclass

@@ -225,6 +225,22 @@ class Forecast(BaseModel):
         }
 
 
+Z95 = 1.959963984540054  # every band here is +-Z95 sigma around its prediction, in log space
+
+
+def log_band_z(actual, pred, lo, hi, z: float = Z95):
+    """How many sigmas `actual` lies from `pred`, reading the band [lo, hi] as +-z sigma of a log-normal and taking
+    the half on the actual's side: log(actual / pred) / (log(hi / pred) / z) above the prediction, log(actual /
+    pred) / (log(pred / lo) / z) below. |result| <= z exactly when the band holds `actual` (a reading in loss units
+    would call a point on the edge of a wide log band 2.2 sigma off); a band of zero width gives +-inf (0 when the
+    prediction is exact). Scalars or arrays; a non-positive loss gives nan."""
+    y, p, lo, hi = (np.asarray(v, dtype=float) for v in (actual, pred, lo, hi))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        err = np.log(y / p)
+        half = np.where(err >= 0, np.log(np.maximum(hi, p) / p), np.log(p / np.clip(lo, 1e-300, p))) / z
+        return np.where(err == 0, 0.0, err / half)
+
+
 def fingerprint_table(*tables: pd.DataFrame | None) -> str:
     h = hashlib.sha256()
     for t in tables:

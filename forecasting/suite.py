@@ -55,9 +55,8 @@ import numpy as np
 import pandas as pd
 
 from forecasting import api
-from forecasting.final_laws import Z95
 from forecasting.fitting import FitError
-from forecasting.forecast import Forecast, TargetSpec
+from forecasting.forecast import Z95, Forecast, TargetSpec, log_band_z
 from forecasting.multipower import curve_from_table, multipowerlaw_schedule
 from forecasting.public_data import chinchilla_points, data_dir, marin_ladder
 from forecasting.table import validate_table
@@ -774,20 +773,13 @@ def _one_line(e: BaseException) -> str:
 # ---------------------------------------------------------------- aggregation
 
 
-Z50, Z80 = 0.6744897501960817, 1.2815515655446004  # the 50% and 80% two-sided normal quantiles (Z95: final_laws)
+Z50, Z80 = 0.6744897501960817, 1.2815515655446004  # the 50% and 80% two-sided normal quantiles (Z95: forecast)
 
 
 def band_z(points: pd.DataFrame) -> np.ndarray:
-    """Each point's error in units of its band's sigma, reading the 95% band as log-normal and taking the half on
-    the actual's side: z = log(y / p) / (log(hi / p) / 1.96) above the prediction, log(y / p) / (log(p / lo) / 1.96)
-    below. |z| <= 1.96 exactly when the band covers y; a band of zero width gives +-inf (0 when it is exact)."""
-    y, p = points["actual"].to_numpy(float), points["pred"].to_numpy(float)
-    lo, hi = points["lo"].to_numpy(float), points["hi"].to_numpy(float)
-    err = np.log(y / p)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        half = np.where(err >= 0, np.log(np.maximum(hi, p) / p), np.log(p / np.clip(lo, 1e-300, p))) / Z95
-        z = np.where(err == 0, 0.0, err / half)
-    return z
+    """Each point's error in units of its band's sigma (`forecasting.forecast.log_band_z`: the 95% band read as
+    log-normal, the half on the actual's side; |z| <= 1.96 exactly when the band covers the actual)."""
+    return log_band_z(points["actual"], points["pred"], points["lo"], points["hi"])
 
 
 def metrics(points: pd.DataFrame) -> dict:

@@ -23,6 +23,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
+from forecasting.forecast import Z95, log_band_z
+
 log = logging.getLogger(__name__)
 
 SEVERITIES = ("info", "warning", "critical")
@@ -62,10 +64,10 @@ def _median(values: Sequence[float]) -> float:
 # ---------------------------------------------------------------------------------------- band
 
 
-def band_sigma(actual: float, loss: float, lo: float, hi: float, z: float = 1.96) -> float:
-    """Standard deviations between `actual` and the prediction, the band read as +-z sigma."""
-    sigma = (hi - lo) / (2.0 * z)
-    return (actual - loss) / sigma if sigma > 0 else (0.0 if actual == loss else math.copysign(math.inf, actual - loss))
+def band_sigma(actual: float, loss: float, lo: float, hi: float, z: float = Z95) -> float:
+    """Standard deviations between `actual` and the prediction, the band read as +-z sigma in log space on the
+    actual's side (`forecasting.forecast.log_band_z`), so that |sigma| > z exactly when the eval is outside it."""
+    return float(log_band_z(actual, loss, lo, hi, z))
 
 
 def band_at_step(forecast, step: float) -> tuple[float, float, float] | None:

@@ -4,7 +4,7 @@ A forecast is only useful where people look while the run trains: metrics.jsonl 
 chart. `ForecastOverlay` is a trainer hook (`hook(step, metrics) -> dict`): after each eval it reads
 the newest stored forecast version of its target and returns forecast/loss, forecast/lo, forecast/hi,
 forecast/sigma (how many standard deviations eval/loss is from the prediction, the 95% band read as
-+-1.96 sigma) and forecast/version, which the trainer writes on the same line and logs to W&B at the
++-1.96 sigma in log space: `ladder.alerts.band_sigma`) and forecast/version, which the trainer writes on the same line and logs to W&B at the
 same step as eval/loss (so a W&B panel plotting eval/loss, forecast/lo and forecast/hi shows the band at
 past evals). Each new forecast version is also logged once as a chart of its whole curve, ahead of the run.
 
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_REFIT_EVERY = 10
 REFIT_DRAIN_SECONDS = 120.0  # how long the end of a run waits for a refit in flight to store its version
-Z95 = 1.96
 
 
 class ForecastOverlay:
@@ -112,7 +111,7 @@ class ForecastOverlay:
             if band is not None:
                 loss, lo, hi = band
                 out.update({"forecast/loss": loss, "forecast/lo": lo, "forecast/hi": hi, "forecast/version": self.version})
-                sigma = alerts_lib.band_sigma(float(actual), loss, lo, hi, Z95) if _finite(actual) else math.nan
+                sigma = alerts_lib.band_sigma(float(actual), loss, lo, hi) if _finite(actual) else math.nan
                 if math.isfinite(sigma):  # a zero-width band has no sigma; never write Infinity into JSON lines
                     out["forecast/sigma"] = sigma
             if self.forecast is not None and self.version != self._charted_version:

@@ -91,10 +91,20 @@ def test_band_alert_after_three_consecutive_evals_outside():
         rows.append({"step": 100 * (i + 1), "eval/loss": actual, "forecast/loss": 3.0, "forecast/lo": 2.9, "forecast/hi": 3.1})
     (alert,) = band_alerts(rows, consecutive=3)
     assert alert.kind == "band" and alert.step == 500
-    # sigma = (3.22 - 3.0) / (0.2 / 3.92) = 4.312
+    # sigma = log(3.22 / 3.0) / (log(3.1 / 3.0) / 1.96) = 4.23: the band's upper half read in log space
     assert "above the forecast band for 3 evals in a row (steps 300-500)" in alert.message
-    assert "+4.3 sigma" in alert.message and alert.severity == "critical"
-    assert band_sigma(3.22, 3.0, 2.9, 3.1) == pytest.approx(0.22 * 3.92 / 0.2)
+    assert "+4.2 sigma" in alert.message and alert.severity == "critical"
+    assert band_sigma(3.22, 3.0, 2.9, 3.1) == pytest.approx(math.log(3.22 / 3.0) / (math.log(3.1 / 3.0) / 1.959963984540054))
+
+
+def test_band_sigma_passes_1_96_exactly_at_the_edges_of_a_wide_log_normal_band():
+    loss, s = 2.0, 0.3
+    lo, hi = loss * math.exp(-1.959963984540054 * s), loss * math.exp(1.959963984540054 * s)
+    assert band_sigma(hi, loss, lo, hi) == pytest.approx(1.959963984540054)
+    assert band_sigma(lo, loss, lo, hi) == pytest.approx(-1.959963984540054)
+    assert band_sigma(loss * math.exp(s), loss, lo, hi) == pytest.approx(1.0)
+    assert band_sigma(2.0, 2.0, 2.0, 2.0) == 0.0
+    assert band_sigma(2.1, 2.0, 2.0, 2.0) == math.inf and band_sigma(1.9, 2.0, 2.0, 2.0) == -math.inf
 
 
 def test_band_alert_uses_the_forecast_when_lines_carry_no_band():

@@ -2,13 +2,14 @@
 
 import json
 import logging
+import math
 import os
 from datetime import datetime
 
 import numpy as np
 import pytest
 
-from forecasting.forecast import CurvePoint, Forecast, TargetSpec
+from forecasting.forecast import CurvePoint, Forecast, TargetSpec, log_band_z
 from ladder.fitting import store_forecast
 from ladder.overlay import ForecastOverlay, live_table
 from ladder.store import Store
@@ -56,10 +57,10 @@ def test_hook_returns_the_band_and_sigma_of_the_newest_version(tmp_path):
     assert store_forecast(store, _forecast(target), meta={}) == 1
     overlay = ForecastOverlay(store.url, "hero", target, [], run_dir=None, refit_every=0, console_alerts=False)
     out = overlay(100, {"step": 100, "eval/loss": 3.6})
-    # step 100 is halfway between 10 and 1000 in log(step): (3.5, 3.35, 3.65); sigma = 0.1 / (0.3 / 3.92)
+    # step 100 is halfway between 10 and 1000 in log(step): (3.5, 3.35, 3.65); sigma read in log space, upper half
     assert out["forecast/loss"] == pytest.approx(3.5)
     assert out["forecast/lo"] == pytest.approx(3.35) and out["forecast/hi"] == pytest.approx(3.65)
-    assert out["forecast/sigma"] == pytest.approx(0.1 / (0.3 / 3.92))
+    assert out["forecast/sigma"] == pytest.approx(math.log(3.6 / 3.5) / (math.log(3.65 / 3.5) / 1.959963984540054))
     assert out["forecast/version"] == 1 and out["alerts/count"] == 0
     # a new version (e.g. `ladder forecast EXP hero --refit`) takes over at the next eval
     assert store_forecast(store, _forecast(target, shift=0.5), meta={}) == 2
@@ -149,7 +150,7 @@ def test_train_step_writes_forecast_keys_on_eval_lines(tmp_path):
     for r in evals:
         loss, lo, hi = forecast.band_at(r["step"])
         assert r["forecast/loss"] == pytest.approx(loss) and (r["forecast/lo"], r["forecast/hi"]) == pytest.approx((lo, hi))
-        assert r["forecast/sigma"] == pytest.approx((r["eval/loss"] - loss) / ((hi - lo) / 3.92))
+        assert r["forecast/sigma"] == pytest.approx(float(log_band_z(r["eval/loss"], loss, lo, hi)))
     assert not any("forecast/loss" in r for r in rows if "eval/loss" not in r)
 
 

@@ -1,6 +1,7 @@
 """`ladder watch`: one frame of a live run against its forecast, from a local or remote run directory."""
 
 import json
+import math
 
 import fsspec
 import pytest
@@ -53,11 +54,11 @@ def test_watch_once_renders_progress_band_sigma_eta_and_alerts(tmp_path):
     result = CliRunner().invoke(_app(), ["watch", run_dir, "--once"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     out = result.output
-    # step 200 is halfway between 2 and 20000 in log(step): predicted (3.5, 3.35, 3.65); sigma = -0.2 / (0.3 / 3.92)
+    # step 200 is halfway between 2 and 20000 in log(step): predicted (3.5, 3.35, 3.65); sigma = log(3.3 / 3.5) / (log(3.5 / 3.35) / 1.96)
     assert "200 / 400 (50.0%)" in out
     assert "200K / 400K" in out
     assert "3.3000 at step 200" in out and "predicted 3.5000 [3.3500, 3.6500]" in out
-    assert "-2.61 sigma" in out
+    assert "-2.63 sigma" in out
     assert "2,000 tokens/s" in out and "0:01:40" in out  # 200 steps x 1000 tokens at 2000 tokens/s
     assert "version 1 (compute)" in out and "3.0500 [2.9500, 3.1500] (95%)" in out
     assert "loss_spike" in out and "train/loss jumped to 4.1 at step 150" in out
@@ -71,7 +72,7 @@ def test_watch_follows_a_remote_run_incrementally():
     state.poll()
     assert (state.step, state.eval_step, state.eval_loss) == (200, 200, 3.3)
     first_offset = state.offset
-    assert state.sigma() == pytest.approx(-0.2 / (0.3 / 3.92))
+    assert state.sigma() == pytest.approx(math.log(3.3 / 3.5) / (math.log(3.5 / 3.35) / 1.959963984540054))
     # the run goes on: two more lines, one of them torn (not yet complete)
     _write(store.fs, f"{run_dir}/metrics.jsonl", json.dumps({"step": 300, "tokens": 300_000, "eval/loss": 3.2}) + "\n" + '{"step": 31', mode="a")
     state.poll()
