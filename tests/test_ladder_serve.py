@@ -26,7 +26,7 @@ import typer
 from typer.testing import CliRunner
 
 from forecasting.forecast import CurvePoint, Forecast, TargetSpec
-from ladder.alerts import Alert, append_alerts
+from ladder.alerts import Alert, append_alerts, band_sigma
 from ladder.fitting import store_forecast
 from ladder.loader import load_experiment
 from ladder.store import Store
@@ -605,6 +605,15 @@ def test_the_page_shows_the_ladder_and_follows_the_live_run(served, browser, tmp
     # the y range follows the evals and the band; the train loss (about 4.9 here) is drawn but clipped, and says so
     legend = browser.eval("document.getElementById('legend-target').textContent")
     assert "train loss (outside the frame)" in legend and "eval loss (actual)" in legend and "eval loss (actual) (" not in legend
+    # the summary's sigma reads the band as `ladder watch` and the alerts do (log space, on the eval's side)
+    summary = browser.eval("document.getElementById('target-summary').textContent")
+    shown = re.search(r"last eval ([\d.]+) at step \d+, predicted ([\d.]+) \[([\d.]+), ([\d.]+)\] \(([+-][\d.]+) sigma\)", summary)
+    assert shown, summary
+    actual, loss, lo, hi, sigma = (float(v) for v in shown.groups())
+    assert sigma == pytest.approx(band_sigma(actual, loss, lo, hi), abs=0.01), summary
+    for actual, band in ((2.0 * np.exp(0.6), (2.0, 2.0 * np.exp(-0.588), 2.0 * np.exp(0.588))), (1.5, (2.0, 1.6, 2.3)), (2.0, (2.0, 2.0, 2.0))):
+        assert browser.eval(f"bandSigma({float(actual)}, {[float(v) for v in band]})") == pytest.approx(band_sigma(actual, *band), rel=1e-9)
+    assert browser.eval("bandSigma(2.1, [2.0, 2.0, 2.0])") is None  # a band of zero width: no sigma
     assert browser.eval("document.querySelectorAll('#history-table tbody tr').length") == 2
     assert browser.eval("document.getElementById('hosts').hidden") is False
     assert browser.eval("document.querySelectorAll('#host-charts tr[data-host]').length") == 2

@@ -305,6 +305,15 @@ function renderSteps() {
   }
 }
 
+function bandSigma(actual, band) {
+  // sigmas between `actual` and band = (loss, lo, hi), the band read as +-1.96 sigma in log space on the actual's side
+  // (ladder.alerts.band_sigma); null for a band of zero width
+  const err = Math.log(actual / band[0]);
+  const half = (err >= 0 ? Math.log(Math.max(band[2], band[0]) / band[0])
+                         : Math.log(band[0] / Math.min(Math.max(band[1], 1e-300), band[0]))) / 1.959963984540054;
+  return err === 0 ? 0 : (half > 0 ? err / half : null);
+}
+
 function bandAt(curve, step) {
   // (loss, lo, hi) at `step`, interpolated in log(step) as Forecast.band_at does
   if (!curve || !curve.length) return null;
@@ -393,11 +402,7 @@ async function renderTarget() {
     let line = `last eval ${fmt(loss)} at step ${step}`;
     const band = curve ? bandAt(curve, step) : null;
     if (band && curve.length > 1) {
-      // sigmas off the prediction, the band read as +-1.96 sigma in log space on the eval's side (ladder.alerts.band_sigma)
-      const err = Math.log(loss / band[0]);
-      const half = (err >= 0 ? Math.log(Math.max(band[2], band[0]) / band[0])
-                             : Math.log(band[0] / Math.min(Math.max(band[1], 1e-300), band[0]))) / 1.959963984540054;
-      const z = err === 0 ? 0 : (half > 0 ? err / half : null);
+      const z = bandSigma(loss, band);
       line += `, predicted ${fmt(band[0])} [${fmt(band[1])}, ${fmt(band[2])}]` + (z === null ? " (band has zero width)" : ` (${z >= 0 ? "+" : ""}${z.toFixed(2)} sigma)`);
     }
     parts.push(line);
