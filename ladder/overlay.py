@@ -6,7 +6,8 @@ the newest stored forecast version of its target and returns forecast/loss, fore
 forecast/sigma (how many standard deviations eval/loss is from the prediction, the 95% band read as
 +-1.96 sigma in log space: `ladder.alerts.band_sigma`) and forecast/version, which the trainer writes on
 the same line and logs to W&B at the same step as eval/loss (so a W&B panel plotting eval/loss, forecast/lo
-and forecast/hi shows the band at past evals). Each new forecast version is also logged once as a chart of its whole curve, ahead of the run.
+and forecast/hi shows the band at past evals). Each new forecast version is also logged once as a chart of
+its whole curve, ahead of the run.
 
 Every `refit_every` evals it refits the forecast with the run's own live prefix (forecasting's
 `refit_forecast`: the ladder table plus the stored ladder forecast as the prior) and stores a new
