@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting import api
+from forecasting.backtest import run_compute
 from forecasting.fitting import FitError
 from forecasting.forecast import Z95, Forecast, TargetSpec, log_band_z
 from forecasting.multipower import curve_from_table, multipowerlaw_schedule
@@ -121,13 +122,6 @@ def _thin(points: pd.DataFrame, cap: int = MAX_CURVE_POINTS) -> pd.DataFrame:
     return points.iloc[idx].reset_index(drop=True)
 
 
-def _run_compute(rows: pd.DataFrame) -> float:
-    last = rows.sort_values("step").iloc[-1]
-    if "flops" in rows.columns:
-        return float(last["flops"] / last.get("fraction", 1.0))
-    return 6.0 * float(last["params_active"] * last["tokens"])
-
-
 def _target_lr(table: pd.DataFrame, run: str, num_steps: int) -> list[float] | None:
     """The run's logged LR interpolated to every step 1..num_steps (multipower.curve_from_table's rule), zeros lifted."""
     if "lr" not in table.columns:
@@ -163,7 +157,8 @@ _TARGET_SET = ("name", "params_active", "params_total", "tokens", "num_steps", "
 
 
 def _held_out(table: pd.DataFrame, runs: Sequence[str], *, lr: bool = True, cap: int = MAX_TARGETS) -> tuple[HeldOut, ...]:
-    comp = sorted(runs, key=lambda r: (_run_compute(table[table["run"] == r]), str(r)))
+    compute = run_compute(table)
+    comp = sorted(runs, key=lambda r: (compute[r], str(r)))
     out = []
     for r in _spread(comp, cap):
         rows = table[table["run"] == r]
@@ -186,7 +181,8 @@ def leave_largest_out(table: pd.DataFrame, n_held: int = 1, *, dataset: str = "t
 
     table = validate_table(table)
     finished = final_points(table)
-    order = sorted(finished["run"].astype(str), key=lambda r: (_run_compute(table[table["run"] == r]), r))
+    compute = run_compute(table)
+    order = sorted(finished["run"].astype(str), key=lambda r: (compute[r], r))
     if n_held < 1 or len(order) - n_held < 3:
         raise ValueError(f"holding out the {n_held} largest of {len(order)} finished run(s) leaves fewer than three to fit: "
                          "give a number from 1 to the finished runs minus three")
