@@ -55,7 +55,7 @@ from forecasting import final_laws as fl
 from forecasting.selection import backtest_matched_progress, matched_progress_refusal, n_curve_runs, select_method
 from forecasting.bootstrap import Interval, percentile_interval, run_weights
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
-from forecasting.forecast import BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table
+from forecasting.forecast import BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table, log_sigma
 from forecasting.matched_progress import early_extension_error, fit_profiled
 from forecasting.refit import fit_curve, schedule_features
 from forecasting.table import (
@@ -789,7 +789,7 @@ def refit_forecast(
         warn.append(f"no prefix backtest possible ({e}); the live curve's band beyond the prefix is too narrow")
     sig_live = np.sqrt(sum(np.square(v) for v in live_sig.values()))
     p_loss, p_lo, p_hi = (np.array([prior.band_at(s)[k] for s in steps]) for k in range(3))
-    sig_prior = (np.log(p_hi) - np.log(np.maximum(p_lo, 1e-300))) / (2 * Z95)  # the prior's band read back as a log-normal sigma
+    sig_prior = log_sigma(p_lo, p_hi)
     if np.any(sig_prior < fl.NOISE_FLOOR):
         warn.append(f"the ladder forecast's band is narrower than an eval's own noise ({fl.NOISE_FLOOR:.1%}) at some steps; "
                     "the refit reads it as that wide")

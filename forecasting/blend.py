@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from forecasting.final_laws import Z95
-from forecasting.forecast import BacktestResult, CurvePoint, Forecast
+from forecasting.forecast import BacktestResult, CurvePoint, Forecast, log_sigma
 
 WITHIN = 2.0
 MAX_MEMBERS = 4
@@ -73,12 +73,11 @@ def _log_band(f: Forecast, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     speaks from its curve's first step to its last, and a final-only one at the final step alone (band_at would
     hold its ends flat elsewhere, which is no prediction)."""
     band = np.array([f.band_at(int(s)) for s in steps], dtype=float).reshape(-1, 3)
-    p, lo, hi = band[:, 0], np.maximum(band[:, 1], 1e-12), band[:, 2]
     if len(f.curve) >= 2:
         speaks = (steps >= f.curve[0].step) & (steps <= f.curve[-1].step)
     else:
         speaks = steps >= steps[-1]
-    return np.log(p), np.log(hi / lo) / (2 * Z95), speaks
+    return np.log(band[:, 0]), log_sigma(band[:, 1], band[:, 2]), speaks
 
 
 def blend(forecasts: dict[str, Forecast], weights: dict[str, float]) -> Forecast:

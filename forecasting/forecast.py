@@ -228,6 +228,12 @@ class Forecast(BaseModel):
 Z95 = 1.959963984540054  # every band here is +-Z95 sigma around its prediction, in log space
 
 
+def log_sigma(lo, hi, z: float = Z95):
+    """The log-normal sigma of a band [lo, hi] read as +-z sigma in log space (a lower end at or below zero is read
+    as 1e-300). Scalars or arrays."""
+    return (np.log(np.asarray(hi, dtype=float)) - np.log(np.maximum(np.asarray(lo, dtype=float), 1e-300))) / (2 * z)
+
+
 def log_band_z(actual, pred, lo, hi, z: float = Z95):
     """How many sigmas `actual` lies from `pred`, reading the band [lo, hi] as +-z sigma of a log-normal and taking
     the half on the actual's side: log(actual / pred) / (log(hi / pred) / z) above the prediction, log(actual /
