@@ -28,6 +28,8 @@ turned into a forecast the same way; only the formula differs.
   less than `NOISE_FLOOR`, the seed-to-seed spread of a final eval), because resampling three runs
   only redraws the same three runs. With a backtest, the band takes the larger of this spread and the
   backtest's term, not both (`band_total`: the backtest's refits on fewer runs already hold it).
+- Repetition: on a ladder that repeats its data, the backtest's error is read from the held-out runs at about the
+  target's epochs (`at_repetition`): a law's error there is a matter of how often the data repeats, not of distance.
 - Nothing backtestable (too few runs): the extrapolation term is `PRIOR_RATE` per unit distance, the
   error per decade measured for final laws on the public backtest suite (BENCHMARKS.md), and the
   forecast says so.
@@ -61,6 +63,7 @@ from forecasting.surfaces import MIN_RATIO_SPREAD, SURFACES, fit_surface
 FINAL_LAWS = ("compute", "overtrain", "chinchilla", "farseer", "moe", "data_constrained")  # simplest first
 N_PARAMS = {"compute": 3, "overtrain": 4, "chinchilla": 5, "farseer": 6, "moe": 6, "data_constrained": 6}
 NOISE_FLOOR = 0.004
+WARN_ERROR = 0.03  # a backtest that missed by more than this (RMS) is named in a warning: the band is wide for it
 PRIOR_RATE = 0.04
 MIN_DISTANCE = 0.05
 # A backtest prediction is never credited with less than a quarter decade of distance when its error is turned
@@ -76,6 +79,9 @@ ISOFLOP_TOLERANCE = 0.02  # runs whose planned compute is within 2% share a budg
 ISOFLOP_SIZE_RATIO = 1.1  # ... and are of distinct sizes when 10% apart ...
 ISOFLOP_LOSS_SPREAD = 0.01  # ... with losses told apart when 1% apart (2.5x the seed-to-seed NOISE_FLOOR)
 DN_BIN = 0.1  # decades of D/N that count as one level when the backtest splits along D/N
+# held-out runs within x/÷ 2 of the target's epochs share its repetition regime (in ln, with 1% of slack: a run's
+# tokens are whole steps, and 7 epochs of a ladder logs as 6.99994)
+REPETITION_WINDOW = math.log(2.0) + 0.01
 # Laws in (N, D) that may be fitted on the runs' converted checkpoints too (`with_checkpoints`); the compute law may
 # not: a checkpoint is a run at fewer tokens per parameter than the ladder's, which a law of compute alone cannot tell.
 CHECKPOINT_LAWS = ("overtrain", "chinchilla", "farseer", "moe", "data_constrained")
@@ -447,21 +453,86 @@ def tokens_per_param_direction(final: pd.DataFrame, target: TargetSpec) -> str |
     return None
 
 
-def backtest_law(law: str, final: pd.DataFrame, *, max_splits: int = 5, dn: str | None = None) -> BacktestResult:
+def backtest_law(law: str, final: pd.DataFrame, *, max_splits: int = 5, dn: str | None = None,
+                 epochs: float | None = None) -> BacktestResult:
     """Expanding-split backtest of a final law on these finished runs (see the module docstring); with `dn`, also
-    the splits along tokens per parameter in that direction (`_dn_splits`); cached."""
-    return _cached(("backtest", law, _key(final), max_splits, dn), lambda: _backtest_law(law, final, max_splits, dn=dn))
+    the splits along tokens per parameter in that direction (`_dn_splits`); with `epochs` (a target's), scored on
+    the held-out runs at about that repetition only (`at_repetition`); cached."""
+    return _cached(("backtest", law, _key(final), max_splits, dn, epochs),
+                   lambda: _summarise_points(law, at_repetition(_final_backtest_points(law, final, max_splits, dn), epochs)))
 
 
-def _backtest_law(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None = None,
-                  dn: str | None = None) -> BacktestResult:
-    pts = _backtest_points(law, final, max_splits, table, dn)
-    return _summarise_points(law, pts)
+def _final_backtest_points(law: str, final: pd.DataFrame, max_splits: int, dn: str | None) -> dict:
+    return _cached(("backtest_points", law, _key(final), max_splits, dn), lambda: _backtest_points(law, final, max_splits, None, dn))
 
 
 def _summarise_points(law: str, pts: dict) -> BacktestResult:
-    return summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"], dn_points=pts["dn_points"],
-                     point_split=pts["point_split"], held_split=pts["held_split"])
+    res = summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"], dn_points=pts["dn_points"],
+                    point_split=pts["point_split"], held_split=pts["held_split"])
+    if pts.get("repetition") is not None:
+        res = res.model_copy(update={"repetition_epochs": pts["repetition"]})
+    return res
+
+
+# ---------------------------------------------------------------- repetition (epochs of the unique data)
+
+
+def run_epochs(frame: pd.DataFrame) -> np.ndarray | None:
+    """How many times each run saw its unique data (tokens / unique tokens, at least 1; 1 where unique tokens are
+    not given), or None when the table has no unique tokens."""
+    if not {"tokens", "unique_tokens"} <= set(frame.columns):
+        return None
+    epochs = frame["tokens"].to_numpy(float) / frame["unique_tokens"].to_numpy(float)
+    return np.where(np.isfinite(epochs), np.maximum(epochs, 1.0), 1.0)
+
+
+def target_epochs(target: TargetSpec) -> float | None:
+    """The target's epochs of its unique data (at least 1), or None when it does not say."""
+    if target.unique_tokens is None or not target.unique_tokens > 0:
+        return None
+    return max(target.tokens / target.unique_tokens, 1.0)
+
+
+def repetition_levels(epochs: np.ndarray, target: float) -> np.ndarray:
+    """Of these held-out runs' epochs, the ones at about the target's repetition: within x/÷ 2 of its epochs
+    (REPETITION_WINDOW); when none is, the nearest level below it and the nearest above (those it lies between)."""
+    x, t = np.log(epochs), math.log(target)
+    near = np.abs(x - t) <= REPETITION_WINDOW
+    if near.any():
+        return np.unique(epochs[near])
+    below, above = epochs[x < t], epochs[x > t]
+    return np.array(([below.max()] if below.size else []) + ([above.min()] if above.size else []), dtype=float)
+
+
+def at_repetition(pts: dict, epochs: float | None) -> dict:
+    """A backtest's scored points restricted to the held-out runs trained at about the target's repetition
+    (`repetition_levels`); all of them when the target or the table does not say how often data repeats, or
+    when every held-out run is at the target's repetition.
+
+    Why: a law's error depends on how often the data repeats, and not by distance. On the data-constrained
+    ladder (Muennighoff et al. 2023: runs of one size at 1 to 44 epochs) the data-constrained law predicts the
+    held-out runs of 1 to 7 epochs within 0.3% on OSCAR and misses the 44-epoch run by 13%: one RMS over all
+    of them made every target's band +-66%, the 4-epoch target's as wide as the 44-epoch one's. The band of a
+    target at 4 epochs is the error measured at about 4 epochs, and at 44 epochs the error measured there.
+    """
+    if epochs is None or not pts["held_epochs"]:
+        return pts
+    held_epochs = np.asarray(pts["held_epochs"], dtype=float)
+    levels = repetition_levels(held_epochs, epochs)
+    held = np.isin(held_epochs, levels)
+    if held.all():
+        return pts
+    point = np.isin(np.asarray(pts["point_epochs"], dtype=float), levels)
+    out = dict(pts)
+    for key, mask in (("rel", point), ("dist", point), ("point_split", point), ("point_epochs", point),
+                      ("held", held), ("held_split", held), ("held_epochs", held)):
+        out[key] = [v for v, keep in zip(pts[key], mask, strict=True) if keep]
+    for key in ("sizes", "curves"):
+        if len(pts[key]) == len(held):
+            out[key] = [v for v, keep in zip(pts[key], held, strict=True) if keep]
+    out["dn_points"] = int(sum(split == DN_SPLIT for split in out["point_split"]))
+    out["repetition"] = [float(v) for v in levels]
+    return out
 
 
 def _dn_splits(final: pd.DataFrame, dn: str, min_fit: int, max_splits: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -490,7 +561,7 @@ def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.D
     """Every scored point of the expanding splits (relative error, distance) and, scoring curves, each held-out
     run's (fractions, errors, distance); `dn_points` counts those scored by the D/N splits."""
     out: dict = {"held": [], "rel": [], "dist": [], "curves": [], "sizes": [], "last": None, "dn_points": 0,
-                 "point_split": [], "held_split": []}
+                 "point_split": [], "held_split": [], "point_epochs": [], "held_epochs": []}
     runs = runs_of(final)  # splits are of runs; a fit part keeps its runs' checkpoints, a predicted run is its final
     min_fit = CHECKPOINT_MIN_RUNS if "checkpoint" in final.columns else N_PARAMS[law]
 
@@ -537,14 +608,16 @@ def _score_split(model: FinalModel, fit_part: pd.DataFrame, pred_part: pd.DataFr
                  out: dict, *, along_compute: bool) -> None:
     pts = points_of(pred_part)
     fit_pts = points_of(runs_of(fit_part))
+    points_per_run = np.ones(len(pred_part), dtype=int)
     if table is None:
         pred = model.predict(pts)
         out["rel"].extend(pred / pred_part["loss"].to_numpy(float) - 1)
         out["dist"].extend(distance(pts, fit_pts))
     else:  # every eval of each held-out run, its curve drawn from the fitted runs' schedule offsets
         fit_rows = table[table["run"].isin(fit_part["run"])]
-        for (_, row), d in zip(pred_part.iterrows(), distance(pts, fit_pts), strict=True):
+        for i, ((_, row), d) in enumerate(zip(pred_part.iterrows(), distance(pts, fit_pts), strict=True)):
             curve = table[table["run"] == row["run"]].sort_values("step")
+            points_per_run[i] = len(curve)
             target = run_target(curve, row)
             offsets = schedule_offsets(fit_rows, model, target_flops=float(row["run_flops"]))
             p, _ = curve_prediction(model, target, curve["step"].to_numpy(), offsets)
@@ -554,6 +627,10 @@ def _score_split(model: FinalModel, fit_part: pd.DataFrame, pred_part: pd.DataFr
             out["curves"].append((curve["step"].to_numpy(float) / target.steps(), errors, float(d)))
         pred = model.predict(pts)
     out["held"].extend(str(r) for r in pred_part["run"])
+    epochs = run_epochs(pred_part)
+    if epochs is not None:
+        out["held_epochs"].extend(epochs)
+        out["point_epochs"].extend(np.repeat(epochs, points_per_run))
     if "params_active" in pred_part.columns:
         out["sizes"].extend(pred_part["params_active"].astype(float))
     if along_compute:  # the largest held-out run is reported from the compute splits
@@ -566,21 +643,23 @@ def _curve_backtest_points(law: str, table: pd.DataFrame, max_splits: int, dn: s
                    lambda: _backtest_points(law, final, max_splits, table, dn))
 
 
-def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5, dn: str | None = None) -> BacktestResult:
+def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5, dn: str | None = None,
+                        epochs: float | None = None) -> BacktestResult:
     """The same splits, scored on every eval of each held-out run's curve (final laws draw curves from the rungs'
-    schedule offsets); cached."""
-    pts = _curve_backtest_points(law, table, max_splits, dn)
+    schedule offsets); with `epochs`, on the held-out runs at about that repetition (`at_repetition`); cached."""
+    pts = at_repetition(_curve_backtest_points(law, table, max_splits, dn), epochs)
     return _summarise_points(law, pts)
 
 
-def curve_rate_by_fraction(law: str, table: pd.DataFrame, grid: np.ndarray, *, max_splits: int = 5, dn: str | None = None) -> np.ndarray:
+def curve_rate_by_fraction(law: str, table: pd.DataFrame, grid: np.ndarray, *, max_splits: int = 5, dn: str | None = None,
+                           epochs: float | None = None) -> np.ndarray:
     """Error per unit distance of the law's curves at each fraction in `grid`, from the curve backtest.
 
     Why per fraction: a law can predict the held-out rungs' final losses well and their early curves badly (the
     schedule offsets change along the ladder); one rate for the whole curve would make the early band too narrow.
     How: `forecasting.backtest.rate_by_fraction`, as for matched progress.
     """
-    pts = _curve_backtest_points(law, table, max_splits, dn)
+    pts = at_repetition(_curve_backtest_points(law, table, max_splits, dn), epochs)
     if not pts["curves"]:
         raise FitError(f"curve backtest of {law}: no held-out run with a curve")
     return rate_by_fraction([(g, rel, max(d, MIN_BACKTEST_DISTANCE)) for g, rel, d in pts["curves"]], grid)
@@ -873,10 +952,15 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         warn.append(f"{final['run'].nunique()} finished runs for {N_PARAMS[law]} parameters: the fit's spread comes from a "
                     f"parametric bootstrap (residual scatter, at least {NOISE_FLOOR:.1%} per eval)")
     d_target = float(distance(tp, points_of(runs_of(final)))[0])
+    epochs = target_epochs(target)
     backtests = []
     try:
-        res = backtest_law(law, final, dn=dn)
+        res = backtest_law(law, final, dn=dn, epochs=epochs)
         backtests.append(res)
+        if res.repetition_epochs is not None and res.rms_rel_error > WARN_ERROR:
+            warn.append(f"the ladder's held-out runs at about the target's {epochs:.3g} epochs of its unique data "
+                        f"({', '.join(f'{e:.3g}' for e in res.repetition_epochs)}) were missed by {res.rms_rel_error:.1%} "
+                        f"RMS: {law} does not hold at that repetition here, and the band is that wide")
         # never narrower than the error the backtest measured at its own distances, widened for how few
         # independent runs it held out (a t quantile in place of 1.96)
         sig["extrapolation"] = max(res.rate * max(d_target, res.distance_of_rate), NOISE_FLOOR) * small_sample_factor(independent_errors(res))
@@ -899,8 +983,8 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         # along the curve, never narrower than the law's error on the held-out rungs' own curves at that fraction;
         # the final point keeps the final-loss backtest's term (measured on exactly those points)
         try:
-            res_curves = backtest_law_curves(law, table, dn=dn)
-            by_fraction = curve_rate_by_fraction(law, table, steps / T, dn=dn) * max(d_target, res_curves.distance_of_rate)
+            res_curves = backtest_law_curves(law, table, dn=dn, epochs=epochs)
+            by_fraction = curve_rate_by_fraction(law, table, steps / T, dn=dn, epochs=epochs) * max(d_target, res_curves.distance_of_rate)
             along = np.maximum(rel["extrapolation"], by_fraction * small_sample_factor(independent_errors(res_curves)))
             rel["extrapolation"] = np.where(steps < T, along, rel["extrapolation"])
         except FitError as e:

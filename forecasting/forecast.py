@@ -101,6 +101,10 @@ class BacktestResult(BaseModel):
     tokens_per_param_points: int = Field(
         0, description="Of n_points, how many came from splits along tokens per parameter (fit the runs on one side "
         "of a D/N cut, predict the other): the evidence for a target whose D/N lies outside the runs' range.")
+    repetition_epochs: list[float] | None = Field(
+        None, description="Epochs of the unique data (tokens / unique tokens) of the held-out runs this backtest was "
+        "scored on, when restricted to those at about a target's repetition (forecasting.final_laws.at_repetition); "
+        "None = every held-out run.")
     final_run: str | None = Field(None, description="The largest held-out run (its last point is reported below).")
     final_predicted: float | None = Field(None, description="Predicted loss at final_run's last point.")
     final_actual: float | None = Field(None, description="Observed loss at final_run's last point.")

@@ -50,7 +50,6 @@ from forecasting.forecast import TargetSpec
 from forecasting.matched_progress import fit_profiled
 
 PREFER_SIMPLER = 1.10
-WARN_ERROR = 0.03
 SIMPLICITY = {"matched_progress": 0, "compute": 1, "overtrain": 2, "chinchilla": 3, "farseer": 4, "moe": 4, "data_constrained": 4}
 
 
@@ -186,7 +185,7 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
         best = min(scored, key=lambda c: c["expected_error"])
         simpler = [c for c in scored if c["expected_error"] <= best["expected_error"] * PREFER_SIMPLER]
         choice = min(simpler, key=lambda c: (SIMPLICITY[c["method"]], c["expected_error"]))
-        if choice["expected_error"] > WARN_ERROR:
+        if choice["expected_error"] > fl.WARN_ERROR:
             warn.append(f"no method backtests well on this ladder: the best, {choice['method']}, missed the ladder's own "
                         f"larger runs by {choice['backtest_rms']:.1%} RMS, {choice['expected_error']:.1%} expected at the "
                         "target's distance; the band is wide for that reason")
