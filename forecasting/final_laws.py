@@ -924,6 +924,10 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     from forecasting import api  # curve steps and band helpers (api imports this module at its top)
     from forecasting.forecast import Forecast, fingerprint_table
 
+    if "unique_tokens" in READS[law] and target.unique_tokens is None:
+        raise FitError(f"the {law} law needs the target's unique tokens (TargetSpec.unique_tokens; `ladder forecast "
+                       "TABLE --unique-tokens U`): the ladder's runs repeat their data, and how often the target "
+                       "repeats its own sets its loss")
     warn: list[str] = []
     dn = tokens_per_param_direction(final_points(table), target)
     final = fit_frame(law, table, dn, warn)

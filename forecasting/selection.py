@@ -14,6 +14,8 @@ parameters on a short ladder) is not preferred for one lucky point over a law sc
 within 10% of the best is preferred (fewer parameters, less luck). When the target's tokens per parameter lie
 outside the runs' range, the backtest also extrapolates along D/N (`final_laws._dn_splits`), and a law the
 ladder cannot test that way (too few runs below the cut for its parameters) is not compared with those it can.
+On a ladder that repeats its data, a candidate is scored on the held-out runs at about the target's epochs
+(`final_laws.at_repetition`), as its band is: a law can hold at 4 epochs and fail at 44.
 
 Rules that are not backtests:
 - `multipower` when the table holds curves of the target's own size with logged LR and the target's
@@ -126,6 +128,7 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
     # a target with a curve is judged on the held-out runs' whole curves, when the rungs have curves to score
     curves = target.steps() > 1 and n_curve_runs(table) >= 3 and {"params_active", "tokens"} <= set(table.columns)
     dn = None if final is None or len(final) == 0 else fl.tokens_per_param_direction(final, target)
+    epochs = fl.target_epochs(target)  # on a ladder that repeats its data, judged on the runs at about the target's
     frames: dict[str, pd.DataFrame] = {}
     reasons: dict[str, str | None] = {}
     for law in fl.FINAL_LAWS:
@@ -155,9 +158,9 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
         if reason:
             cands.append({"method": law, "applicable": False, "reason": reason})
         elif curves:
-            cands.append(_evidence(law, lambda law=law: fl.backtest_law_curves(law, table, dn=dn), tp, ref))
+            cands.append(_evidence(law, lambda law=law: fl.backtest_law_curves(law, table, dn=dn, epochs=epochs), tp, ref))
         else:
-            cands.append(_evidence(law, lambda law=law, frame=frame: fl.backtest_law(law, frame, dn=dn), tp, ref))
+            cands.append(_evidence(law, lambda law=law, frame=frame: fl.backtest_law(law, frame, dn=dn, epochs=epochs), tp, ref))
         choice = fl.checkpoint_choice(law, table, dn)
         if choice["points"]:
             cands[-1]["checkpoints"] = choice
@@ -239,6 +242,8 @@ def _evidence(method: str, run_backtest, tp: dict, ref: dict | None) -> dict:
     out.update(backtest_rms=res.rms_rel_error, backtest_mean=res.mean_rel_error, rate=res.rate,
                backtest_points=res.n_points, rate_points=res.rate_points or res.n_points, tokens_per_param_points=res.tokens_per_param_points, target_distance=d_target,
                independent_errors=n_independent, small_sample_factor=factor, expected_error=raw * factor)
+    if res.repetition_epochs is not None:
+        out["repetition_epochs"] = res.repetition_epochs
     return out
 
 

@@ -584,6 +584,7 @@ def _load_table(source: str, where: list[str] | None = None, best_of_sweep: bool
 
 
 TARGET_OPTIONS = {"params_active": "--params-active", "params_total": "--params-total", "tokens": "--tokens",
+                  "unique_tokens": "--unique-tokens",
                   "num_steps": "--num-steps", "total_flops": "--flops", "name": "--name", "lr": "--schedule/--peak-lr",
                   "tokens_per_step": "--tokens / --num-steps"}
 
@@ -672,8 +673,10 @@ def _print_forecast(forecast, where: str | None) -> None:
             table.add_row(str(point.step), _fmt(point.tokens, "tokens") if point.tokens else "-", f"{point.loss:.4f}", f"{point.lo:.4f}", f"{point.hi:.4f}")
         console.print(table)
     for result in forecast.backtest:
+        repetition = (f", runs at {', '.join(f'{e:.3g}' for e in result.repetition_epochs)} epochs (the target's repetition)"
+                      if result.repetition_epochs else "")
         console.print(f"backtest of {result.method} ({result.kind}) on this ladder: rms error {result.rms_rel_error:.2%}, worst {result.max_abs_rel_error:.2%} "
-                      f"over {result.distance:.2f} units of extrapolation ({_held_out(result.held_out)})")
+                      f"over {result.distance:.2f} units of extrapolation ({_held_out(result.held_out)}{repetition})")
     if forecast.selection:
         _print_selection(forecast.selection)
     for warning in forecast.warnings:
@@ -754,6 +757,7 @@ def forecast(
     params_active: Optional[float] = typer.Option(None, help="With a table: active parameters of the target."),
     params_total: Optional[float] = typer.Option(None, help="With a table: total parameters of the target."),
     tokens: Optional[float] = typer.Option(None, help="With a table: training tokens of the target."),
+    unique_tokens: Optional[float] = typer.Option(None, help="With a table: unique tokens of the target's data, when it repeats them (tokens / unique tokens = epochs; the table's unique_tokens column)."),
     num_steps: Optional[int] = typer.Option(None, help="With a table: planned optimizer steps of the target."),
     flops: Optional[float] = typer.Option(None, help="With a table: planned training FLOPs of the target (default 6ND)."),
     name: str = typer.Option("target", help="With a table: a name for the target."),
@@ -783,7 +787,7 @@ def forecast(
             lr = _schedule_values(schedule, peak_lr, num_steps, warmup, min_lr_fraction, decay_fraction)
             try:
                 spec = TargetSpec(name=name, params_active=params_active, params_total=params_total, tokens=tokens,
-                                  num_steps=num_steps, total_flops=flops, tokens_per_step=tokens / num_steps if num_steps else None, lr=lr)
+                                  unique_tokens=unique_tokens, num_steps=num_steps, total_flops=flops, tokens_per_step=tokens / num_steps if num_steps else None, lr=lr)
             except ValidationError as error:
                 _fail(_target_option_error(error))
             result = api.forecast_target(table, spec, method=method, n_bootstrap=n_bootstrap, seed=seed)

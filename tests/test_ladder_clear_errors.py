@@ -66,6 +66,20 @@ def test_a_negative_target_option_is_one_sentence(tmp_path):
     assert line == "error: --params-active -5 must be > 0."
 
 
+def test_a_data_constrained_table_needs_the_target_s_unique_tokens_and_says_which_runs_judged_it(tmp_path):
+    from tests.test_forecasting_honest_bands import _repeated_data_table
+
+    path = tmp_path / "repeated.csv"
+    _repeated_data_table()[0].to_csv(path, index=False)
+    target = ["forecast", str(path), "--params-active", "1e9", "--tokens", "2e10", "--n-bootstrap", "10"]
+    line = _one_line_error(runner.invoke(app, target))
+    assert line.startswith("error: FitError: the data_constrained law needs the target's unique tokens") and "--unique-tokens" in line
+    result = runner.invoke(app, [*target, "--unique-tokens", "2.5e9"])  # 8 epochs
+    assert result.exit_code == 0, result.output
+    assert "by data_constrained" in result.output
+    assert "runs at 4, 8, 16 epochs (the target's repetition)" in " ".join(result.output.split())
+
+
 # ------------------------------------------------------------------ specs and experiments
 
 
