@@ -1013,7 +1013,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
 
 # ---------------------------------------------------------------- compute-optimal allocation
 
-ALLOCATION_LAWS = ("overtrain", "chinchilla", "farseer", "moe")
+ALLOCATION_LAWS = ("overtrain", "chinchilla", "farseer", "moe", "data_constrained")
 
 
 def _allocate(model: FinalModel, c6: float, sparsity: float, unique: float | None) -> dict:
@@ -1038,21 +1038,35 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
 
     Sparsity is held at the target's total/active ratio for that optimum (the moe law would always prefer more
     total parameters without a cost for them); when the ladder varies sparsity, `sparsity` lists the optimum and
-    its loss at each total/active ratio (`sparsity_tradeoff`)."""
-    frames = {law: fit_frame(law, table) for law in ALLOCATION_LAWS}  # final points, and checkpoints where they help
+    its loss at each total/active ratio (`sparsity_tradeoff`).
+
+    With the target's unique tokens given, the data-constrained law is a candidate too, and the optimum is at that
+    much unique data (Muennighoff et al. 2023's question: with U unique tokens and C FLOPs, how large a model and
+    how many epochs); on a ladder that varies unique tokens at fixed N and D, the laws blind to them are not
+    candidates (`hidden_column_blind_spot`), as in the method choice."""
+    laws = [law for law in ALLOCATION_LAWS if law != "data_constrained" or "unique_tokens" in table.columns]
+    frames = {law: fit_frame(law, table) for law in laws}  # final points, and checkpoints where they help
+    reasons = {law: applicable(law, frame) for law, frame in frames.items()}
+    readers = {col for col, (_, reader) in HIDDEN_COLUMNS.items() if reasons.get(reader, "") is None}
+    if readers:
+        final = final_points(table)
+        reasons = {law: reason or hidden_column_blind_spot(law, final, readers) for law, reason in reasons.items()}
+    if reasons.get("data_constrained", "") is None and target.unique_tokens is None:
+        reasons["data_constrained"] = ("the target's unique tokens are not given (TargetSpec.unique_tokens; `ladder "
+                                       "forecast TABLE --unique-tokens U`)")
     scored = []
     for law, frame in frames.items():
-        if applicable(law, frame):
+        if reasons[law]:
             continue
         try:
-            scored.append((backtest_law(law, frame).rate, law))
+            scored.append((backtest_law(law, frame, epochs=target_epochs(target)).rate, law))
         except FitError:
             continue
     if not scored:
-        usable = [law for law, frame in frames.items() if not applicable(law, frame)]
+        usable = [law for law in frames if not reasons[law]]
         if not usable:
-            reasons = "; ".join(f"{law}: {applicable(law, frame)}" for law, frame in frames.items())
-            return {"available": False, "reason": f"no law in N and D can be fitted to this ladder ({reasons})"}
+            why = "; ".join(f"{law}: {reason}" for law, reason in reasons.items())
+            return {"available": False, "reason": f"no law in N and D can be fitted to this ladder ({why})"}
         scored = [(float("nan"), usable[0])]
     rate, law = min(scored, key=lambda x: (np.nan_to_num(x[0], nan=np.inf), ALLOCATION_LAWS.index(x[1])))
     final = frames[law]
@@ -1082,9 +1096,15 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
         warn.append(f"the optimum ({m_opt:.3g} tokens/param) lies outside the ladder's {m_lo:.3g}-{m_hi:.3g}")
     if best["at_grid_edge"]:
         warn.append("the optimum is at the edge of the searched tokens-per-parameter range (0.5-1e5): the law has no interior optimum")
+    if law == "data_constrained":
+        epochs_opt, epochs_max = best["tokens_opt"] / target.unique_tokens, float(run_epochs(final).max())
+        if epochs_opt > epochs_max * DN_SLACK:
+            warn.append(f"the optimum repeats the target's unique data {epochs_opt:.3g} times and the ladder's runs at most "
+                        f"{epochs_max:.3g}: the law's repetition term is extrapolated there")
     return {
         "available": True, "law": law, "formula": model.formula, "backtest_rate": None if not np.isfinite(rate) else float(rate),
         "flops_6nd": c6, **best, "intervals": intervals, "n_bootstrap": len(reps), "bootstrap": kind,
+        "unique_tokens": target.unique_tokens if law == "data_constrained" else None,
         "checkpoints": int(final["checkpoint"].sum()) if "checkpoint" in final.columns else 0,
         "target": {"params_active": target.params_active, "tokens": target.tokens,
                    "tokens_per_param": target.tokens / target.params_active, "predicted_loss": at_target,

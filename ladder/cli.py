@@ -895,7 +895,10 @@ def _print_allocation(a: dict) -> None:
     t = a["target"]
     console.print(
         f"compute-optimal at {_fmt(a['flops_6nd'], 'flops')} FLOPs (6ND, law {a['law']}): N {iv('params_opt', 'tokens')}, "
-        f"D {iv('tokens_opt', 'tokens')}, {a['tokens_per_param']:.3g} tokens/param, loss {a['loss_opt']:.4f}")
+        f"D {iv('tokens_opt', 'tokens')}, {a['tokens_per_param']:.3g} tokens/param, "
+        + (f"{a['tokens_opt'] / a['unique_tokens']:.3g} epochs of the target's {_fmt(a['unique_tokens'], 'tokens')} unique tokens, "
+           if a.get("unique_tokens") else "")
+        + f"loss {a['loss_opt']:.4f}")
     console.print(
         f"declared target: N {_fmt(t['params_active'], 'tokens')} ({t['params_vs_opt']:.2f}x the optimum), "
         f"{t['tokens_per_param']:.3g} tokens/param, predicted {t['predicted_loss']:.4f} ({t['loss_above_opt']:+.2%} vs the optimum)")

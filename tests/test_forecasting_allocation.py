@@ -80,3 +80,49 @@ def test_a_sparsity_law_the_ladder_does_not_pin_says_so():  # about 25 s: every 
     assert sp["kappa"] < 0 and any("cannot tell from what else differs" in w for w in sp["warnings"])
     assert optimal_allocation(_final_table(np.geomspace(1e7, 4e8, 8), 20.0), TargetSpec(name="t", params_active=1e9, tokens=2e10),
                               n_bootstrap=10)["sparsity"] is None
+
+
+def _repeated_data_grid():
+    """Four sizes x three tokens per parameter x 1, 4, 16 epochs of unique data, on the data-constrained law."""
+    import pandas as pd
+
+    from forecasting.surfaces import SURFACES
+
+    truth = {"E": 1.7, "A": 300.0, "B": 900.0, "alpha": 0.33, "beta": 0.29, "R_star": 6.0}
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in np.geomspace(3e7, 3e8, 4):
+        for m in (5.0, 20.0, 80.0):
+            for epochs in (1.0, 4.0, 16.0):
+                x = {"params_active": np.array([n]), "tokens": np.array([n * m]), "unique_tokens": np.array([n * m / epochs])}
+                loss = float(SURFACES["data_constrained"].predict_fn(x, truth)[0]) * np.exp(rng.normal(0, 0.002))
+                rows.append({"run": f"n{n:.2g}-m{m:g}-e{epochs:g}", "step": 1000, "loss": loss, "params_active": n,
+                             "tokens": n * m, "unique_tokens": n * m / epochs, "flops": 6 * n * n * m})
+    return pd.DataFrame(rows), truth
+
+
+def test_with_little_unique_data_the_optimum_is_a_larger_model_under_the_data_constrained_law():
+    """Muennighoff et al.'s question: with U unique tokens and C FLOPs, how large a model. The laws blind to unique
+    tokens are not candidates on a ladder that varies them (an earlier version planned with the over-training law,
+    the same optimum whatever U)."""
+    from forecasting.surfaces import SURFACES
+
+    table, truth = _repeated_data_grid()
+    c6 = 6 * 1e9 * 4e10
+    optimum = {}
+    for unique in (2e11, 5e9):  # more unique tokens than the optimum trains on; an eighth of them
+        a = optimal_allocation(table, TargetSpec(name="t", params_active=1e9, tokens=4e10, unique_tokens=unique), n_bootstrap=20)
+        assert a["available"] and a["law"] == "data_constrained" and a["unique_tokens"] == unique
+        n = np.geomspace(1e7, 1e11, 4000)
+        loss = SURFACES["data_constrained"].predict_fn({"params_active": n, "tokens": c6 / (6 * n), "unique_tokens": np.full_like(n, unique)}, truth)
+        assert a["params_opt"] == pytest.approx(n[np.argmin(loss)], rel=0.1)
+        iv = a["intervals"]["params_opt"]
+        assert iv["lo"] <= a["params_opt"] <= iv["hi"]
+        optimum[unique] = a["params_opt"]
+    assert optimum[5e9] > 2 * optimum[2e11]
+    scarce = optimal_allocation(table, TargetSpec(name="t", params_active=1e9, tokens=4e10, unique_tokens=1e8), n_bootstrap=20)
+    assert scarce["tokens_opt"] / 1e8 > 20 and any("the ladder's runs at most 16" in w for w in scarce["warnings"])
+    # without the target's unique tokens there is nothing to plan the data-constrained law at: the blind laws are
+    # not offered either, so the planner says so rather than answer for some other amount of data
+    none = optimal_allocation(table, TargetSpec(name="t", params_active=1e9, tokens=4e10), n_bootstrap=20)
+    assert none["available"] is False and "varies unique tokens" in none["reason"] and "--unique-tokens" in none["reason"]
