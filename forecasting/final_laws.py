@@ -1049,8 +1049,8 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
     reasons = {law: applicable(law, frame) for law, frame in frames.items()}
     readers = {col for col, (_, reader) in HIDDEN_COLUMNS.items() if reasons.get(reader, "") is None}
     if readers:
-        final = final_points(table)
-        reasons = {law: reason or hidden_column_blind_spot(law, final, readers) for law, reason in reasons.items()}
+        finished = final_points(table)
+        reasons = {law: reason or hidden_column_blind_spot(law, finished, readers) for law, reason in reasons.items()}
     if reasons.get("data_constrained", "") is None and target.unique_tokens is None:
         reasons["data_constrained"] = ("the target's unique tokens are not given (TargetSpec.unique_tokens; `ladder "
                                        "forecast TABLE --unique-tokens U`)")
@@ -1059,7 +1059,7 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
         if reasons[law]:
             continue
         try:
-            scored.append((backtest_law(law, frame, epochs=target_epochs(target)).rate, law))
+            scored.append((backtest_law(law, frame).rate, law))
         except FitError:
             continue
     if not scored:
