@@ -295,22 +295,27 @@ def choose_method(table: pd.DataFrame) -> str:
     """matched_progress for ladders of whole curves, else chinchilla (N, D vary), else compute; the data-constrained
     or MoE law instead of an (N, D) law where the ladder varies unique tokens or total parameters at one N and D
     (`final_laws.hidden_column_blind_spot`) and that law can be fitted."""
-    if _n_grid_runs(table) >= 3:
-        return "matched_progress"
     final = bt._final_points(table)
-    if {"params_active", "tokens"} <= set(final.columns) and len(final) >= 6 and final["params_active"].nunique() >= 2:
+    if _n_grid_runs(table) >= 3:
+        law = "matched_progress"
+    elif {"params_active", "tokens"} <= set(final.columns) and len(final) >= 6 and final["params_active"].nunique() >= 2:
         # one D/N: alpha and beta cannot be told apart, one shared exponent can
         law = "overtrain" if fl.tokens_per_param_spread(final) < fl.MIN_RATIO_SPREAD else "chinchilla"
-        for col, (_, reader) in fl.HIDDEN_COLUMNS.items():
-            if fl.applicable(reader, final) is None and fl.hidden_column_blind_spot(law, final, {col}):
-                return reader
+    elif len(final) >= 3:
+        law = "compute"
+    else:
+        raise FitError(
+            f"cannot fit any law: {table['run'].nunique()} run(s); need >= 3 runs with curves (matched progress), "
+            ">= 6 finished runs over >= 2 sizes (chinchilla) or >= 3 finished runs (compute law)"
+        )
+    try:
+        finished = fl.final_points(table)  # with each run's planned compute, which matched progress reads
+    except FitError:
         return law
-    if len(final) >= 3:
-        return "compute"
-    raise FitError(
-        f"cannot fit any law: {table['run'].nunique()} run(s); need >= 3 runs with curves (matched progress), "
-        ">= 6 finished runs over >= 2 sizes (chinchilla) or >= 3 finished runs (compute law)"
-    )
+    for col, (_, reader) in fl.HIDDEN_COLUMNS.items():
+        if len(finished) and fl.applicable(reader, finished) is None and fl.hidden_column_blind_spot(law, finished, {col}):
+            return reader  # matched progress on the data-constrained runs' curves gave every epoch count one loss
+    return law
 
 
 def _final_table(table: pd.DataFrame, warn: list[str]) -> pd.DataFrame:

@@ -512,3 +512,8 @@ def test_a_data_constrained_band_is_as_wide_as_the_law_missed_runs_repeated_as_o
             assert f.backtest[0].repetition_epochs == pytest.approx([44], abs=1e-3)
             assert "missed by 13.2% RMS: data_constrained does not hold at that repetition" in warned[0]
     assert widths["8.7B/oscar/4ep"] < 0.03 and widths["8.7B/oscar/44ep"] > 10 * widths["8.7B/oscar/4ep"], widths
+    # `ladder fit` / `ladder backtest` with auto on these curves: the law that reads unique tokens, not matched
+    # progress (which gave every epoch count of one size one loss)
+    from forecasting.api import choose_method
+
+    assert choose_method(split.train) == "data_constrained"
