@@ -293,8 +293,8 @@ def _n_grid_runs(table: pd.DataFrame) -> int:
 
 def choose_method(table: pd.DataFrame) -> str:
     """matched_progress for ladders of whole curves, else chinchilla (N, D vary), else compute; the data-constrained
-    or MoE law instead of an (N, D) law where the ladder varies unique tokens or total parameters at one N and D
-    (`final_laws.hidden_column_blind_spot`) and that law can be fitted."""
+    or MoE law instead of any of them where the ladder varies unique tokens or total parameters among runs that law
+    cannot tell apart (`final_laws.hidden_column_blind_spot`) and the reading law can be fitted."""
     final = bt._final_points(table)
     if _n_grid_runs(table) >= 3:
         law = "matched_progress"
