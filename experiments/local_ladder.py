@@ -44,9 +44,9 @@ head dimension 12 -> 32, the hero has three heads of 32). Measured on an AMD EPY
 So the table stays (one rule for the heads either put the hero outside its band or made the band useless), and
 its forecast's accuracy owes something to the hero's extra head: `ladder plan` and the stored forecast say so
 (ladder/recipe.py).
-End to end from an empty store, `ladder demo` (this file, embedded Ray, W&B off) took 4m29s on the
-shared 2-core machine: forecast 1.2389 [1.1597, 1.3180] before the hero started, actual 1.2488 (+0.80%,
-inside the band); the overlay's second refit said 1.2496 [1.2252, 1.2740].
+End to end from an empty store, `ladder demo` (this file, embedded Ray, W&B off) took 5m38s on the
+shared 2-core machine (Intel Xeon, 2026-12-06): forecast 1.2389 [1.2048, 1.2739] before the hero started,
+actual 1.2488 (+0.80%, inside the band); the overlay's second refit said 1.2465 [1.2261, 1.2673].
 
 Constants and why:
 - byte tokenizer, sequence 128, batch 8: the stdlib corpus is ~14M bytes, and 1,024 tokens per step
