@@ -55,7 +55,7 @@ from forecasting import final_laws as fl
 from forecasting.selection import backtest_matched_progress, matched_progress_refusal, n_curve_runs, select_method
 from forecasting.bootstrap import Interval, percentile_interval, run_weights
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
-from forecasting.forecast import BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table, log_sigma
+from forecasting.forecast import Z95, BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table, log_sigma
 from forecasting.matched_progress import early_extension_error, fit_profiled
 from forecasting.refit import fit_curve, schedule_features
 from forecasting.table import (
@@ -63,7 +63,6 @@ from forecasting.table import (
     validate_table,
 )
 
-Z95 = 1.959963984540054
 METHODS = ("matched_progress", "chinchilla", "compute", "multipower", "overtrain", "farseer", "moe", "data_constrained")
 EVAL_NOISE_FLOOR = 1e-3  # an eval's own noise is never taken as zero, even when a smooth prefix fits exactly
 SAME_SIZE_RTOL = 0.02  # runs within 2% of the target's active parameters count as "the same model size"

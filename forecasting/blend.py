@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forecasting.final_laws import Z95
-from forecasting.forecast import BacktestResult, CurvePoint, Forecast, log_sigma
+from forecasting.forecast import Z95, BacktestResult, CurvePoint, Forecast, log_sigma
 
 WITHIN = 2.0
 MAX_MEMBERS = 4
