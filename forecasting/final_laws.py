@@ -244,6 +244,12 @@ HIDDEN_COLUMNS = {"unique_tokens": ("unique tokens (data repeated for several ep
                   "params_total": ("total parameters (sparsity)", "moe")}
 
 
+def readable_hidden_columns(reasons: dict[str, str | None]) -> set[str]:
+    """The hidden columns whose reading law is applicable (`reasons`: each law's refusal, None when applicable):
+    the ones a blind law may be ruled out for."""
+    return {col for col, (_, reader) in HIDDEN_COLUMNS.items() if reader in reasons and reasons[reader] is None}
+
+
 def hidden_column_blind_spot(method: str, final: pd.DataFrame, readers: set[str] | frozenset[str] = frozenset(HIDDEN_COLUMNS)) -> str | None:
     """Why `method` cannot describe this ladder, or None: it holds runs that differ in unique tokens or total
     parameters (by ISOFLOP_SIZE_RATIO) and agree on everything else the method and the law reading that column read
@@ -1047,7 +1053,7 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
     laws = [law for law in ALLOCATION_LAWS if law != "data_constrained" or "unique_tokens" in table.columns]
     frames = {law: fit_frame(law, table) for law in laws}  # final points, and checkpoints where they help
     reasons = {law: applicable(law, frame) for law, frame in frames.items()}
-    readers = {col for col, (_, reader) in HIDDEN_COLUMNS.items() if reasons.get(reader, "") is None}
+    readers = readable_hidden_columns(reasons)
     if readers:
         finished = final_points(table)
         reasons = {law: reason or hidden_column_blind_spot(law, finished, readers) for law, reason in reasons.items()}
@@ -1098,7 +1104,7 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
         warn.append("the optimum is at the edge of the searched tokens-per-parameter range (0.5-1e5): the law has no interior optimum")
     if law == "data_constrained":
         epochs_opt, epochs_max = best["tokens_opt"] / target.unique_tokens, float(run_epochs(final).max())
-        if epochs_opt > epochs_max * DN_SLACK:
+        if math.log(epochs_opt / epochs_max) > REPETITION_WINDOW:  # no run at about the optimum's repetition
             warn.append(f"the optimum repeats the target's unique data {epochs_opt:.3g} times and the ladder's runs at most "
                         f"{epochs_max:.3g}: the law's repetition term is extrapolated there")
     return {

@@ -139,7 +139,7 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
         reasons[law] = fl.applicable(law, frame)
     # a column only some applicable law reads (unique tokens, total parameters) rules out the laws blind to it
     # where the ladder varies it at fixed inputs: their backtest cannot show it when the held-out runs vary it alike
-    readers = {col for col, (_, law) in fl.HIDDEN_COLUMNS.items() if reasons.get(law, "") is None}
+    readers = fl.readable_hidden_columns(reasons)
     blind = {m: fl.hidden_column_blind_spot(m, final, readers) for m in ("matched_progress", *fl.FINAL_LAWS)} if readers else {}
     mp_refusal = matched_progress_refusal(table, target) or blind.get("matched_progress")
     if mp_refusal:
