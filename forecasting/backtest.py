@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting.fitting import FitError
-from forecasting.forecast import BacktestResult
+from forecasting.forecast import BacktestResult, HeldOutRun
 from forecasting.matched_progress import fit_profiled
 from forecasting.refit import fit_curve, lr_per_step, schedule_features
 
@@ -33,8 +33,21 @@ def run_compute(table: pd.DataFrame) -> pd.Series:
     raise FitError("a compute backtest needs flops, or params_active and tokens, per run")
 
 
+def held_out_run(run, fitted_on: str, distance: float, predicted: np.ndarray, actual: np.ndarray) -> HeldOutRun | None:
+    """One held-out run from its predicted and observed losses over the points scored (None when none is finite)."""
+    errors = np.asarray(predicted, dtype=float) / np.asarray(actual, dtype=float) - 1
+    ok = np.flatnonzero(np.isfinite(errors))
+    if not len(ok):
+        return None
+    last = ok[-1]
+    return HeldOutRun(run=str(run), fitted_on=fitted_on, distance=float(distance), predicted=float(predicted[last]),
+                      actual=float(actual[last]), error=float(errors[last]),
+                      rms_error=float(np.sqrt(np.mean(errors[ok] ** 2))), n_points=int(len(ok)))
+
+
 def _summarise(
-    method: str, kind: str, held: list[str], rel: list[float], dist: list[float], final: tuple | None = None
+    method: str, kind: str, held: list[str], rel: list[float], dist: list[float], final: tuple | None = None,
+    per_run: list[HeldOutRun | None] | None = None,
 ) -> BacktestResult:
     r = np.asarray(rel, dtype=float)
     d = np.asarray(dist, dtype=float)
@@ -55,6 +68,7 @@ def _summarise(
         final_run=None if final is None else str(final[0]),
         final_predicted=None if final is None else float(final[1]),
         final_actual=None if final is None else float(final[2]),
+        runs=[r for r in per_run or [] if r is not None],
     )
 
 
@@ -64,7 +78,7 @@ def backtest_matched_progress(table: pd.DataFrame, *, min_runs: int = 3) -> Back
     runs = list(comp.index)
     if len(runs) < min_runs + 1:
         raise FitError(f"a compute backtest of matched progress needs at least {min_runs + 1} runs; got {len(runs)}")
-    held, rel, dist = [], [], []
+    held, rel, dist, per_run = [], [], [], []
     for k in range(min_runs, len(runs)):
         fit = fit_profiled(table[table["run"].isin(runs[:k])], min_runs=min_runs)
         target = table[table["run"] == runs[k]]
@@ -72,10 +86,12 @@ def backtest_matched_progress(table: pd.DataFrame, *, min_runs: int = 3) -> Back
         # only fractions the ladder spans: below-grid extension is backtested separately
         inside = target["fraction"].to_numpy() >= fit.fractions[0] - 1e-9
         rel.extend((pred / target["loss"].to_numpy() - 1)[inside])
-        dist.extend([np.log10(comp.iloc[k] / comp.iloc[k - 1])] * int(inside.sum()))
+        d = float(np.log10(comp.iloc[k] / comp.iloc[k - 1]))
+        dist.extend([d] * int(inside.sum()))
         held.append(runs[k])
+        per_run.append(held_out_run(runs[k], f"{k} runs", d, pred[inside], target["loss"].to_numpy()[inside]))
         final = (runs[k], float(pred[-1]), float(target["loss"].iloc[-1]))
-    return _summarise("matched_progress", "compute", held, rel, dist, final)
+    return _summarise("matched_progress", "compute", held, rel, dist, final, per_run)
 
 
 def matched_progress_rate_by_fraction(table: pd.DataFrame, grid: np.ndarray, *, min_runs: int = 3) -> np.ndarray:
@@ -157,7 +173,7 @@ def backtest_prefix(
     lr_of: Callable[[str, int], np.ndarray | None] | None = None,
 ) -> BacktestResult:
     """Fit each run's first `prefix_fraction` of evals (the live-curve law, no prior), predict the rest."""
-    held, rel, dist = [], [], []
+    held, rel, dist, per_run = [], [], [], []
     for run, c in table.sort_values("step").groupby("run"):
         steps = c["step"].to_numpy()
         n_pre = int(np.floor(prefix_fraction * len(steps)))
@@ -173,9 +189,12 @@ def backtest_prefix(
         except FitError:
             continue
         future = steps[n_pre:]
-        rel.extend(model.predict(future) / c["loss"].to_numpy()[n_pre:] - 1)
+        predicted, actual = model.predict(future), c["loss"].to_numpy()[n_pre:]
+        rel.extend(predicted / actual - 1)
         dist.extend(np.log(future / steps[n_pre - 1]))
         held.append(str(run))
+        per_run.append(held_out_run(run, f"its first {n_pre} of {len(steps)} evals", float(np.log(future[-1] / steps[n_pre - 1])),
+                                     predicted, actual))
     if not held:
         raise FitError("prefix backtest: no run had enough evals (>= 4 in its prefix)")
-    return _summarise("refit", "prefix", held, rel, dist)
+    return _summarise("refit", "prefix", held, rel, dist, per_run=per_run)

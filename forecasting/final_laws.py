@@ -53,11 +53,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forecasting.backtest import FINISHED, rate_by_fraction
+from forecasting.backtest import FINISHED, held_out_run, rate_by_fraction
 from forecasting.bootstrap import percentile_interval, robust_sigma, run_weights, stratified_run_weights
 from forecasting.checkpoints import annealed_checkpoints
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
-from forecasting.forecast import Z95, BacktestResult, TargetSpec
+from forecasting.forecast import Z95, BacktestResult, HeldOutRun, TargetSpec
 from forecasting.surfaces import MIN_RATIO_SPREAD, SURFACES, fit_surface
 
 FINAL_LAWS = ("compute", "overtrain", "chinchilla", "farseer", "moe", "data_constrained")  # simplest first
@@ -474,7 +474,7 @@ def _final_backtest_points(law: str, final: pd.DataFrame, max_splits: int, dn: s
 
 def _summarise_points(law: str, pts: dict) -> BacktestResult:
     res = summarise(law, pts["held"], pts["rel"], pts["dist"], pts["last"], pts["sizes"], dn_points=pts["dn_points"],
-                    point_split=pts["point_split"], held_split=pts["held_split"])
+                    point_split=pts["point_split"], held_split=pts["held_split"], per_run=pts["per_run"])
     if pts.get("repetition") is not None:
         res = res.model_copy(update={"repetition_epochs": pts["repetition"]})
     return res
@@ -531,7 +531,7 @@ def at_repetition(pts: dict, epochs: float | None) -> dict:
     point = np.isin(np.asarray(pts["point_epochs"], dtype=float), levels)
     out = dict(pts)
     for key, mask in (("rel", point), ("dist", point), ("point_split", point), ("point_epochs", point),
-                      ("held", held), ("held_split", held), ("held_epochs", held)):
+                      ("held", held), ("held_split", held), ("held_epochs", held), ("per_run", held)):
         out[key] = [v for v, keep in zip(pts[key], mask, strict=True) if keep]
     for key in ("sizes", "curves"):
         if len(pts[key]) == len(held):
@@ -567,7 +567,7 @@ def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.D
     """Every scored point of the expanding splits (relative error, distance) and, scoring curves, each held-out
     run's (fractions, errors, distance); `dn_points` counts those scored by the D/N splits."""
     out: dict = {"held": [], "rel": [], "dist": [], "curves": [], "sizes": [], "last": None, "dn_points": 0,
-                 "point_split": [], "held_split": [], "point_epochs": [], "held_epochs": []}
+                 "point_split": [], "held_split": [], "point_epochs": [], "held_epochs": [], "per_run": []}
     runs = runs_of(final)  # splits are of runs; a fit part keeps its runs' checkpoints, a predicted run is its final
     min_fit = CHECKPOINT_MIN_RUNS if "checkpoint" in final.columns else N_PARAMS[law]
 
@@ -615,10 +615,13 @@ def _score_split(model: FinalModel, fit_part: pd.DataFrame, pred_part: pd.DataFr
     pts = points_of(pred_part)
     fit_pts = points_of(runs_of(fit_part))
     points_per_run = np.ones(len(pred_part), dtype=int)
+    fitted_on = f"{fit_part['run'].nunique()} runs"
     if table is None:
         pred = model.predict(pts)
         out["rel"].extend(pred / pred_part["loss"].to_numpy(float) - 1)
         out["dist"].extend(distance(pts, fit_pts))
+        out["per_run"].extend(held_out_run(run, fitted_on, d, [p], [y]) for run, d, p, y in zip(
+            pred_part["run"], distance(pts, fit_pts), pred, pred_part["loss"].to_numpy(float), strict=True))
     else:  # every eval of each held-out run, its curve drawn from the fitted runs' schedule offsets
         fit_rows = table[table["run"].isin(fit_part["run"])]
         for i, ((_, row), d) in enumerate(zip(pred_part.iterrows(), distance(pts, fit_pts), strict=True)):
@@ -631,6 +634,7 @@ def _score_split(model: FinalModel, fit_part: pd.DataFrame, pred_part: pd.DataFr
             out["rel"].extend(errors)
             out["dist"].extend([d] * len(curve))
             out["curves"].append((curve["step"].to_numpy(float) / target.steps(), errors, float(d)))
+            out["per_run"].append(held_out_run(row["run"], fitted_on, d, p, curve["loss"].to_numpy(float)))
         pred = model.predict(pts)
     out["held"].extend(str(r) for r in pred_part["run"])
     epochs = run_epochs(pred_part)
@@ -726,10 +730,11 @@ def late_splits(splits: list[int], held_split: list[int], held_keys: list) -> se
 
 def summarise(method: str, held: list[str], rel: list[float], dist: list[float], last: tuple | None,
               held_sizes: list[float] | None = None, *, dn_points: int = 0, point_split: list[int] | None = None,
-              held_split: list[int] | None = None) -> BacktestResult:
+              held_split: list[int] | None = None, per_run: list[HeldOutRun | None] | None = None) -> BacktestResult:
     """A BacktestResult of these scored points. The errors and distance are reported over every point; the rate (and
     its distance and the independent held-out sizes it is read with) comes from the late compute splits and every
-    D/N split (`late_splits`: see the module docstring) when the points' splits are given."""
+    D/N split (`late_splits`: see the module docstring) when the points' splits are given. `per_run`: each held-out
+    run of each split (`forecasting.backtest.held_out_run`; None where none of its points had a finite error)."""
     r, d = np.asarray(rel, dtype=float), np.asarray(dist, dtype=float)
     ok = np.isfinite(r) & np.isfinite(d)
     if not ok.any():
@@ -754,6 +759,7 @@ def summarise(method: str, held: list[str], rel: list[float], dist: list[float],
         final_actual=None if last is None else last[2],
         held_out_sizes=None if not len(sizes) else len({round(math.log(x), 6) for x in sizes}),
         tokens_per_param_points=dn_points,
+        runs=[r for r in per_run or [] if r is not None],
     )
 
 

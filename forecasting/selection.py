@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting import final_laws as fl
+from forecasting.backtest import held_out_run
 from forecasting.fitting import FitError
 from forecasting.forecast import TargetSpec
 from forecasting.matched_progress import fit_profiled
@@ -84,6 +85,7 @@ def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5, curve
     sizes: list[float] = []  # of the held-out runs, counted as the final laws' backtests count them
     point_split: list[int] = []  # each point's split and each held run's, as the final laws' backtests record them
     held_split: list[int] = []
+    per_run = []
     for i, k in enumerate(fl._splits(len(last), 3, max_splits)):
         fit_runs = list(last["run"].iloc[:k])
         try:
@@ -95,20 +97,24 @@ def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5, curve
         d = fl.distance(fl.points_of(part), fl.points_of(last.iloc[:k]))
         if curves:
             for (_, row), d_run in zip(part.iterrows(), d, strict=True):
-                curve = table[table["run"] == row["run"]]
+                curve = table[table["run"] == row["run"]].sort_values("step")
                 p = fit.predict(curve["fraction"].to_numpy(float), float(row["run_flops"]))
                 rel.extend(p / curve["loss"].to_numpy(float) - 1)
                 dist.extend([d_run] * len(curve))
+                per_run.append(held_out_run(row["run"], f"{k} runs", d_run, p, curve["loss"].to_numpy(float)))
         else:
             rel.extend(pred / part["loss"].to_numpy(float) - 1)
             dist.extend(d)
+            per_run.extend(held_out_run(run, f"{k} runs", d_run, [p], [y])
+                           for run, d_run, p, y in zip(part["run"], d, pred, part["loss"].to_numpy(float), strict=True))
         point_split.extend([i] * (len(rel) - len(point_split)))
         held.extend(part["run"].astype(str))
         held_split.extend([i] * len(part))
         if "params_active" in part.columns:
             sizes.extend(part["params_active"].astype(float))
         final = (str(part["run"].iloc[-1]), float(pred[-1]), float(part["loss"].iloc[-1]))
-    return fl.summarise("matched_progress", held, rel, dist, final, sizes, point_split=point_split, held_split=held_split)
+    return fl.summarise("matched_progress", held, rel, dist, final, sizes, point_split=point_split, held_split=held_split,
+                        per_run=per_run)
 
 
 def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: list[str]) -> tuple[str, list[dict], list[str]]:

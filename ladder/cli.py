@@ -675,8 +675,11 @@ def _print_forecast(forecast, where: str | None) -> None:
     for result in forecast.backtest:
         repetition = (f", runs at {', '.join(f'{e:.3g}' for e in result.repetition_epochs)} epochs (the target's repetition)"
                       if result.repetition_epochs else "")
+        missed = result.worst_runs(1)
+        worst_run = (f"; the run it missed most: {missed[0].run} by {missed[0].error:+.2%} at its last point, fitted on "
+                     f"{missed[0].fitted_on}" if missed else "")
         console.print(f"backtest of {result.method} ({result.kind}) on this ladder: rms error {result.rms_rel_error:.2%}, worst {result.max_abs_rel_error:.2%} "
-                      f"over {result.distance:.2f} units of extrapolation ({_held_out(result.held_out)}{repetition})")
+                      f"over {result.distance:.2f} units of extrapolation ({_held_out(result.held_out)}{repetition}){worst_run}")
     if forecast.selection:
         _print_selection(forecast.selection)
     for warning in forecast.warnings:
@@ -970,6 +973,8 @@ def backtest(
     for r in report.results:
         table_view.add_row(r.kind, _held_out(r.held_out), f"{r.mean_rel_error:+.2%}", f"{r.rms_rel_error:.2%}", f"{r.max_abs_rel_error:.2%}", f"{r.distance:.2f}", f"{r.rate:.2%}")
     console.print(table_view)
+    for r in report.results:
+        _print_held_out_runs(r)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     if largest is not None:
@@ -1009,6 +1014,24 @@ def _print_forecast_largest(rows: list[dict], method: str) -> None:
                      f"{r['actual']:.4f}", f"{r['error']:+.2%}", "yes" if r["covered"] else "NO",
                      f"{r['evals']}: {r['evals_mae']:.2%}, {r['evals_covered']:.0%}")
     console.print(view)
+
+
+HELD_OUT_SHOWN = 8
+
+
+def _print_held_out_runs(result) -> None:
+    """Where a backtest's error came from: its held-out runs, worst last point first (all of them in --json)."""
+    if not result.runs:
+        return
+    view = Table(title=f"{result.kind} backtest: held-out runs, worst first")
+    for column in ("run", "fitted on", "distance", "predicted", "actual", "error", "rms over its points"):
+        view.add_column(column)
+    for h in result.worst_runs(HELD_OUT_SHOWN):
+        view.add_row(h.run, h.fitted_on, f"{h.distance:.2f}", f"{h.predicted:.4f}", f"{h.actual:.4f}", f"{h.error:+.2%}",
+                     f"{h.rms_error:.2%} ({h.n_points})")
+    console.print(view)
+    if len(result.runs) > HELD_OUT_SHOWN:
+        console.print(f"{len(result.runs) - HELD_OUT_SHOWN} more held-out runs in --json (backtest.results[].runs)")
 
 
 def _held_out(runs: list[str], shown: int = 6) -> str:

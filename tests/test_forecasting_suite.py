@@ -275,6 +275,13 @@ def test_ladder_backtest_forecasts_the_largest_runs_of_a_users_table_from_the_ot
     assert r["lo"] < r["predicted"] < r["hi"] and r["covered"] and r["evals"] == 20 and 0 <= r["evals_covered"] <= 1
     text = runner.invoke(app, ["backtest", str(path), "--forecast-largest", "1"])
     assert text.exit_code == 0 and "forecasts of the largest runs from the others" in text.stdout and "r4" in text.stdout
+    # which held-out run each backtest missed: every one in --json, the worst first on screen
+    compute = next(b for b in json.loads(out.stdout)["backtest"]["results"] if b["kind"] == "compute")
+    assert {h["run"] for h in compute["runs"]} == set(compute["held_out"])
+    worst = max(compute["runs"], key=lambda h: abs(h["error"]))
+    shown = text.stdout.split("compute backtest: held-out runs, worst first")[1]
+    first_row = next(line for line in shown.splitlines() if line.startswith("│"))
+    assert worst["run"] in first_row and f"{worst['error']:+.2%}" in first_row, first_row
     too_many = runner.invoke(app, ["backtest", str(path), "--forecast-largest", "3"])
     assert too_many.exit_code != 0 and "leaves fewer than three to fit" in too_many.output
     with_suite = runner.invoke(app, ["backtest", "--suite", "--forecast-largest", "1"])

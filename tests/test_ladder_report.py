@@ -197,6 +197,13 @@ def test_marin_backtest_rows_are_the_forecasting_librarys(marin):
         assert float(row["mean_rel_error"][1]) == pytest.approx(result.mean_rel_error)
         assert int(row["n_points"][1]) == result.n_points
     assert rows[0]["held_out"][0] == "d2048" and float(rows[0]["final_actual"][1]) == pytest.approx(2.4745, abs=1e-4)
+    # the held-out runs each error came from, worst first within each backtest
+    runs = _tables(marin["page"])["backtest-runs-table"]
+    shown = [(r["kind"][0], r["run"][0]) for r in runs]
+    assert shown == [(res.kind, h.run) for res in expected for h in res.worst_runs(8)]
+    assert shown[0] == ("compute", "d2048") and any(kind == "prefix" for kind, _ in shown)
+    for row, h in zip(runs, [h for res in expected for h in res.worst_runs(8)], strict=True):
+        assert float(row["error"][1]) == pytest.approx(h.error) and float(row["actual"][1]) == pytest.approx(h.actual)
     assert "d2048 is failed; its partial curve is used" in _section(marin["page"], "backtest")
     assert "on 4 runs (d768, d1024, d1536, d2048)" in _section(marin["page"], "backtest")  # by size, not by name
 

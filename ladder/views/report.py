@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import typer
 
 REPORT_FILE = "index.html"
+HELD_OUT_SHOWN = 8  # held-out runs per backtest in the backtest section, worst first
 
 
 @dataclass
@@ -427,6 +428,15 @@ def backtest_section(ctx: ReportContext) -> Section:
             + _cell(_num(r.final_predicted), col="final_predicted", value=r.final_predicted)
             + _cell(_num(r.final_actual), col="final_actual", value=r.final_actual) + "</tr>"
         )
+    runs = [
+        f'<tr data-kind="{_e(r.kind)}">' + _cell(_e(r.kind), col="kind") + _cell(_e(h.run), col="run")
+        + _cell(_e(h.fitted_on), col="fitted_on") + _cell(_num(h.distance, ".2f"), col="distance", value=h.distance)
+        + _cell(_num(h.predicted), col="predicted", value=h.predicted) + _cell(_num(h.actual), col="actual", value=h.actual)
+        + _cell(_pct(h.error), col="error", value=h.error)
+        + _cell(_pct(h.rms_error).lstrip("+"), col="rms_error", value=h.rms_error)
+        + _cell(str(h.n_points), col="n_points", value=h.n_points) + "</tr>"
+        for r in report.results for h in r.worst_runs(HELD_OUT_SHOWN)
+    ]
     section.notes.extend(notes)
     section.missing.extend(report.warnings)
     if not rows:
@@ -437,6 +447,10 @@ def backtest_section(ctx: ReportContext) -> Section:
         "compute, or ln of the step ratio.</p>"
         + _table(["kind", "method", "held out", "mean error", "rms error", "worst", "distance", "rms error per unit",
                   "points", "largest held out", "predicted", "actual"], rows, table_id="backtest-table")
+        + (f"<p>Where those errors came from: each backtest's held-out runs, worst last point first (up to "
+           f"{HELD_OUT_SHOWN} per backtest; a run held out by several splits appears once per split).</p>"
+           + _table(["kind", "held-out run", "fitted on", "distance", "predicted", "actual", "error at its last point",
+                     "rms over its points", "points"], runs, table_id="backtest-runs-table") if runs else "")
     )
     return section
 
