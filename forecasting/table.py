@@ -18,11 +18,13 @@ Schema (one row per logged point):
     split           str    optional: "eval" or "train"
     num_steps       int    optional: planned steps of the run (gives `fraction`)
     tokens_per_step float  optional: tokens per optimizer step (gives `tokens`)
+    unique_tokens   float  optional: unique tokens of the run's data when it repeats them (epochs = tokens /
+                           unique_tokens); empty (NaN) for a run that did not log it, read as one epoch
 
 A column may be absent when the law being fitted does not need it; `validate_table(..., require=...)`
 says which are needed and fails with a message that names the missing column, the bad run and step.
-Rules checked: no NaN/inf and no non-positive loss/tokens/flops/params; no duplicated (run, step) rows;
-steps are integers. Loaders: `read_table_file` (CSV/parquet; W&B history names such as `_step`,
+Rules checked: no NaN/inf and no non-positive loss/tokens/flops/params; unique_tokens positive and finite where
+given; no duplicated (run, step) rows; steps are integers. Loaders: `read_table_file` (CSV/parquet; W&B history names such as `_step`,
 `eval/loss`, `optim/learning_rate` are mapped), `from_run_dirs` (ladder run directories:
 spec.json + metrics.jsonl, fsspec URLs allowed), `from_records` (tables built in code).
 """
@@ -135,7 +137,28 @@ def validate_table(df: pd.DataFrame, require: Iterable[str] = REQUIRED) -> pd.Da
                 "a run appended twice, or two runs under one name?"
             )
         out = out.sort_values(["run", "step"], kind="stable").reset_index(drop=True)
+    if "unique_tokens" in out.columns:
+        out["unique_tokens"] = _unique_tokens(out)
     return out
+
+
+def _unique_tokens(out: pd.DataFrame) -> pd.Series:
+    """The unique_tokens column as floats: empty where a run did not log it (NaN, read as one epoch), else positive
+    and finite. Why checked: zero or a negative count reached the data-constrained law as infinite epochs."""
+    raw = out["unique_tokens"]
+    given = raw.notna() & (raw.astype(str).str.strip() != "")
+    vals = pd.to_numeric(raw.where(given), errors="coerce").astype(float)
+    bad = (given & vals.isna()) | np.isinf(vals) | (vals <= 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        value = raw.iloc[i]
+        shown = repr(value) if isinstance(value, str) else format(float(value), "g")
+        raise TableError(
+            f"column 'unique_tokens' must be a positive number of tokens, or empty where a run did not log it; got "
+            f"{shown} at run {out['run'].iloc[i]!r} "
+            f"step {out['step'].iloc[i] if 'step' in out else '?'}"
+        )
+    return vals
 
 
 def read_table_file(path: str) -> pd.DataFrame:
@@ -396,10 +419,20 @@ def mixed_groups(table: pd.DataFrame) -> list[dict]:
 NOT_SETTINGS = ("seed", "replica", "loss", "accuracy", "ppl", "perplexity", "score")
 
 
+NOT_LOGGED = np.iinfo(np.int64).min  # the key of an input a run did not log (a NaN unique_tokens)
+
+
 def _matched_key(final: pd.DataFrame, inputs: Sequence[str]) -> pd.Series:
-    """Each run's law inputs rounded to MATCH_TOLERANCE in log space: runs with equal keys are one (size, tokens) point."""
-    return pd.Series(list(zip(*(np.round(np.log(final[c].to_numpy(float)) / MATCH_TOLERANCE).astype(np.int64)
-                                for c in inputs), strict=True)), index=final.index)
+    """Each run's law inputs rounded to MATCH_TOLERANCE in log space: runs with equal keys are one (size, tokens) point;
+    an input a run did not log matches the same input not logged by another run."""
+    def key(values: np.ndarray) -> np.ndarray:
+        logs = np.log(values)
+        finite = np.isfinite(logs)
+        out = np.full(len(values), NOT_LOGGED, dtype=np.int64)
+        out[finite] = np.round(logs[finite] / MATCH_TOLERANCE)
+        return out
+
+    return pd.Series(list(zip(*(key(final[c].to_numpy(float)) for c in inputs), strict=True)), index=final.index)
 
 
 def _settings(table: pd.DataFrame, final: pd.DataFrame) -> dict[str, pd.Series]:

@@ -80,6 +80,25 @@ def test_a_data_constrained_table_needs_the_target_s_unique_tokens_and_says_whic
     assert "runs at 4, 8, 16 epochs (the target's repetition)" in " ".join(result.output.split())
 
 
+@pytest.mark.parametrize("value, shown", [("0", "got 0"), ("-3e9", "got -3e+09"), ("inf", "got inf"), ("many", "got 'many'")])
+def test_a_unique_tokens_cell_that_is_not_a_positive_count_is_one_sentence(tmp_path, value, shown):
+    """An empty cell is a run that did not log its unique tokens (one epoch); zero, a negative, an infinite or a
+    word is a broken table: it used to reach the data-constrained law as infinite epochs."""
+    from tests.test_forecasting_honest_bands import _repeated_data_table
+
+    table = _repeated_data_table()[0]
+    path = tmp_path / "repeated.csv"
+    text = table.astype({"unique_tokens": object})
+    text.loc[text["run"] == text["run"].iloc[-1], "unique_tokens"] = value
+    text.to_csv(path, index=False)
+    line = _one_line_error(runner.invoke(app, ["fit", str(path)]))
+    assert line.startswith("error: TableError: column 'unique_tokens' must be a positive number of tokens") and shown in line
+    assert f"at run {table['run'].iloc[-1]!r}" in line
+    table.loc[table["run"] == table["run"].iloc[-1], "unique_tokens"] = float("nan")  # not logged: accepted
+    table.to_csv(path, index=False)
+    assert runner.invoke(app, ["backtest", str(path)]).exit_code == 0
+
+
 # ------------------------------------------------------------------ specs and experiments
 
 
