@@ -185,9 +185,41 @@ def test_calibration_table_flags_a_band_too_wide_on_many_targets_and_pools_the_d
     assert check["wide"]["median_abs_z"] < 0.3 and check["wide"]["coverage_50"] > 90
     assert check["fair"]["coverage_consistent"] is True
     text = suite.calibration_table(res)
-    assert "| wide | final | 90 |" in text and "90 of 90 (calibrated: 81-89): NO" in text
+    assert "| wide | final | 90 |" in text and "90 of 90 (calibrated: 81-89 independent): NO" in text
     pooled = suite.pooled_calibration(res)
     assert [p["kind"] for p in pooled] == ["final"] and pooled[0]["n"] == 100 and "| **pooled** | final | 100 |" in text
+
+
+def test_targets_that_share_their_splits_fit_are_judged_by_the_clustered_range():
+    """15 splits of 6 targets, each split's errors sharing 60% of their variance (one fit per split, as Porian's
+    configurations): a calibrated band covers all 90 often, which the binomial range of 90 independent targets
+    (81-89) calls too many; the clustered range does not, and holds 95% of calibrated data sets."""
+    rng = np.random.default_rng(3)
+    groups = np.repeat(np.arange(400), 6)
+    z = np.sqrt(0.6) * rng.standard_normal(400)[groups] + np.sqrt(0.4) * rng.standard_normal(len(groups))
+    assert suite.intraclass_correlation(groups, z) == pytest.approx(0.6, abs=0.06)
+    assert suite.intraclass_correlation(groups, rng.standard_normal(len(groups))) < 0.05
+    assert suite.intraclass_correlation(np.zeros(10), z[:10]) == 0.0  # one split: not estimable, read as independent
+    sizes = [6] * 15
+    assert suite.clustered_coverage_range(sizes, 0.0) == suite.coverage_range(90) == (81, 89)
+    lo, hi = suite.clustered_coverage_range(sizes, 0.6)
+    assert hi == 90 and lo < 81
+    shared = rng.standard_normal((4000, 15))  # calibrated clustered data sets drawn afresh: ~95% inside the range
+    counts = np.sum(np.abs(np.sqrt(0.6) * np.repeat(shared, 6, axis=1) + np.sqrt(0.4) * rng.standard_normal((4000, 90))) <= 1.959964, axis=1)
+    assert 0.93 <= np.mean((lo <= counts) & (counts <= hi)) <= 0.995
+    # through the check: every target covered, errors clustered by split
+    split_error = np.linspace(-0.9, 0.9, 15)[groups[:90]] + 0.2 * rng.standard_normal(90)
+    pred, sigma = np.full(90, 2.0), 0.01
+    actual = pred * np.exp(sigma * split_error)
+    points = _points(actual, pred, pred * np.exp(-1.96 * sigma), pred * np.exp(1.96 * sigma), dataset="clustered",
+                     split=[f"s{i // 6}" for i in range(90)], group="", method="auto", run=[f"r{i}" for i in range(90)],
+                     step=1, final=True, curve_target=False, has_curve=False)
+    statuses = points[["dataset", "split", "method", "run"]].assign(status="ok", reason="", picked="compute", seconds=0.1)
+    res = suite.SuiteResult(points=points, statuses=statuses, methods=["auto"], n_bootstrap=2, wall_s=1.0)
+    [check] = suite.check_auto(res)
+    assert check["covered"] == 90 and check["covered_range"] == (81, 89) and check["icc"] > 0.8
+    assert check["covered_range_clustered"][1] == 90 and check["coverage_consistent"] is True and check["n_splits"] == 15
+    assert "90 of 90 (calibrated: 81-89 independent; " in suite.calibration_table(res)
 
 
 def test_a_method_that_fails_is_reported_never_fatal(monkeypatch):
