@@ -810,8 +810,9 @@ def coverage_range(n: int, level: float = 0.95, alpha: float = 0.05) -> tuple[in
 
 def intraclass_correlation(groups: Sequence, values: np.ndarray) -> float:
     """The share of the values' variance that their group shares (one-way random-effects ANOVA estimator, clipped to
-    [0, 1]); 0 when it cannot be estimated (one group, or every group of one value)."""
+    [0, 1]; non-finite values left out); 0 when it cannot be estimated (one group, or every group of one value)."""
     frame = pd.DataFrame({"g": list(groups), "v": np.asarray(values, dtype=float)})
+    frame = frame[np.isfinite(frame["v"])]
     sizes, means = frame.groupby("g")["v"].size(), frame.groupby("g")["v"].mean()
     n, k = len(frame), len(sizes)
     if k < 2 or n <= k:
@@ -908,8 +909,8 @@ def check_auto(res: SuiteResult, *, margin: float = 0.5, band: tuple[float, floa
 def _calibration(m: dict, kind: str, points: pd.DataFrame) -> dict:
     """auto's 50/80% coverages and median |z| in a check row, and for final points whether the count covered lies in
     the range of a calibrated 95% band (None for curve points, whose errors along one curve are not separate draws):
-    `covered_range` is the binomial range of independent targets; `covered_range_clustered` lets the targets of one
-    split (one fit) share the share `icc` of their errors' variance that `band_z` shows they share
+    `covered_range` is the binomial range of independent targets; in `covered_range_clustered` the targets of one
+    split (one fit) share the part `icc` of their errors' variance that their `band_z` shows they share
     (`intraclass_correlation`, `clustered_coverage_range`), and the verdict reads it."""
     out = {k: m[k] for k in ("coverage_50", "coverage_80", "median_abs_z")} | {"n": m["n"], "covered": m["covered"]}
     if kind != "final" or not m["n"]:

@@ -200,6 +200,8 @@ def test_targets_that_share_their_splits_fit_are_judged_by_the_clustered_range()
     assert suite.intraclass_correlation(groups, z) == pytest.approx(0.6, abs=0.06)
     assert suite.intraclass_correlation(groups, rng.standard_normal(len(groups))) < 0.05
     assert suite.intraclass_correlation(np.zeros(10), z[:10]) == 0.0  # one split: not estimable, read as independent
+    # a band of zero width puts a target infinitely far off: left out of the estimate, not a NaN in it
+    assert 0.0 <= suite.intraclass_correlation([0, 0, 1, 1, 2, 2], [np.inf, 1.0, 2.0, 2.1, -1.0, -1.2]) <= 1.0
     sizes = [6] * 15
     assert suite.clustered_coverage_range(sizes, 0.0) == suite.coverage_range(90) == (81, 89)
     lo, hi = suite.clustered_coverage_range(sizes, 0.6)
