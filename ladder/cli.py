@@ -1031,7 +1031,7 @@ def _print_held_out_runs(result) -> None:
                      f"{h.rms_error:.2%} ({h.n_points})")
     console.print(view)
     if len(result.runs) > HELD_OUT_SHOWN:
-        console.print(f"{len(result.runs) - HELD_OUT_SHOWN} more held-out runs in --json (backtest.results[].runs)")
+        console.print(f"{len(result.runs) - HELD_OUT_SHOWN} more held-out runs in --json (results[].runs)")
 
 
 def _held_out(runs: list[str], shown: int = 6) -> str:
