@@ -82,6 +82,7 @@ DN_BIN = 0.1  # decades of D/N that count as one level when the backtest splits 
 # held-out runs within x/÷ 2 of the target's epochs share its repetition regime (in ln, with 1% of slack: a run's
 # tokens are whole steps, and 7 epochs of a ladder logs as 6.99994)
 REPETITION_WINDOW = math.log(2.0) + 0.01
+GIVE_UNIQUE_TOKENS = "TargetSpec.unique_tokens; `ladder forecast TABLE --unique-tokens U`"  # how a user says them
 # Laws in (N, D) that may be fitted on the runs' converted checkpoints too (`with_checkpoints`); the compute law may
 # not: a checkpoint is a run at fewer tokens per parameter than the ladder's, which a law of compute alone cannot tell.
 CHECKPOINT_LAWS = ("overtrain", "chinchilla", "farseer", "moe", "data_constrained")
@@ -937,9 +938,8 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     from forecasting.forecast import Forecast, fingerprint_table
 
     if "unique_tokens" in READS[law] and target.unique_tokens is None:
-        raise FitError(f"the {law} law needs the target's unique tokens (TargetSpec.unique_tokens; `ladder forecast "
-                       "TABLE --unique-tokens U`): the ladder's runs repeat their data, and how often the target "
-                       "repeats its own sets its loss")
+        raise FitError(f"the {law} law needs the target's unique tokens ({GIVE_UNIQUE_TOKENS}): the ladder's runs repeat "
+                       "their data, and how often the target repeats its own sets its loss")
     warn: list[str] = []
     dn = tokens_per_param_direction(final_points(table), target)
     final = fit_frame(law, table, dn, warn)
@@ -1064,8 +1064,7 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
         finished = final_points(table)
         reasons = {law: reason or hidden_column_blind_spot(law, finished, readers) for law, reason in reasons.items()}
     if reasons.get("data_constrained", "") is None and target.unique_tokens is None:
-        reasons["data_constrained"] = ("the target's unique tokens are not given (TargetSpec.unique_tokens; `ladder "
-                                       "forecast TABLE --unique-tokens U`)")
+        reasons["data_constrained"] = f"the target's unique tokens are not given ({GIVE_UNIQUE_TOKENS})"
     scored = []
     for law, frame in frames.items():
         if reasons[law]:

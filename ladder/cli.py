@@ -1016,11 +1016,11 @@ def _print_forecast_largest(rows: list[dict], method: str) -> None:
     console.print(view)
 
 
-HELD_OUT_SHOWN = 8
-
-
 def _print_held_out_runs(result) -> None:
-    """Where a backtest's error came from: its held-out runs, worst last point first (all of them in --json)."""
+    """Where a backtest's error came from: its held-out runs, worst last point first, as many as the report shows
+    (all of them in --json)."""
+    from ladder.views.report import HELD_OUT_SHOWN
+
     if not result.runs:
         return
     view = Table(title=f"{result.kind} backtest: held-out runs, worst first")
