@@ -1112,6 +1112,10 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
         if math.log(epochs_opt / epochs_max) > REPETITION_WINDOW:  # no run at about the optimum's repetition
             warn.append(f"the optimum repeats the target's unique data {epochs_opt:.3g} times and the ladder's runs at most "
                         f"{epochs_max:.3g}: the law's repetition term is extrapolated there")
+    sparsity = sparsity_tradeoff(table, target, n_boot=n_boot, seed=seed)
+    moe_ladder = "params_total" in final.columns and bool((final["params_total"] > 1.01 * final["params_active"]).any())
+    if sparsity is None and (moe_ladder or (target.params_total or 0) > 1.01 * target.params_active):
+        warn.append(f"no loss-optimal sparsity: the moe law cannot be fitted here: {applicable('moe', fit_frame('moe', table))}")
     return {
         "available": True, "law": law, "formula": model.formula, "backtest_rate": None if not np.isfinite(rate) else float(rate),
         "flops_6nd": c6, **best, "intervals": intervals, "n_bootstrap": len(reps), "bootstrap": kind,
@@ -1120,7 +1124,7 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
         "target": {"params_active": target.params_active, "tokens": target.tokens,
                    "tokens_per_param": target.tokens / target.params_active, "predicted_loss": at_target,
                    "params_vs_opt": target.params_active / best["params_opt"], "loss_above_opt": at_target / best["loss_opt"] - 1},
-        "sparsity": sparsity_tradeoff(table, target, n_boot=n_boot, seed=seed),
+        "sparsity": sparsity,
         "warnings": warn,
     }
 
@@ -1130,7 +1134,8 @@ SPARSITY_SWEEP = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 def sparsity_tradeoff(table: pd.DataFrame, target: TargetSpec, *, n_boot: int = 50, seed: int = 0) -> dict | None:
     """For the target's compute budget, the loss-optimal split at each total/active ratio of SPARSITY_SWEEP (and the
-    target's own), under the moe law with bootstrap intervals; None when the ladder does not vary sparsity.
+    target's own), under the moe law with bootstrap intervals; None when the moe law cannot be fitted to the ladder
+    (`applicable`: among other reasons, a ladder whose total parameters do not vary apart from its active ones).
 
     Why a list and not one optimum: at a fixed active compute the moe law's effective size N (N_total/N)^kappa grows
     with every expert added, so more total parameters always lower its loss; what bounds sparsity is memory and
@@ -1165,7 +1170,8 @@ def sparsity_tradeoff(table: pd.DataFrame, target: TargetSpec, *, n_boot: int = 
         warn.append(f"the moe fit sits on a bound of {', '.join(bounds)} (kappa = {model.params['kappa']:.3g}): the ladder does "
                     "not pin how total parameters help, so these losses are the form's, not the ladder's")
     if model.params["kappa"] < 0:
-        warn.append(f"kappa = {model.params['kappa']:.3g} < 0: at one active size the ladder's sparser runs did worse, which "
-                    "a law in sparsity alone cannot tell from what else differs between them (expert count, granularity, LR)")
+        warn.append(f"kappa = {model.params['kappa']:.3g} < 0: the ladder's runs with more total parameters for their active "
+                    "ones did worse, which a law in sparsity alone cannot tell from what else differs between them (expert "
+                    "count, granularity, LR)")
     return {"law": "moe", "kappa": model.params["kappa"], "backtest_rate": rate, "ladder_sparsity": [float(ladder.min()), float(ladder.max())],
             "rows": rows, "warnings": warn}

@@ -64,14 +64,36 @@ class Surface:
         if final["params_active"].nunique() < 2:
             return "needs at least two model sizes"
         if self.name == "moe":
-            ratio = final["params_total"] / final["params_active"]
-            if np.ptp(np.log(ratio.to_numpy(float))) < 0.1:
-                return "the ladder does not vary sparsity (total/active parameters): kappa is not identifiable"
+            return _sparsity_unidentifiable(final)
         if self.name == "data_constrained" and not (final["tokens"] > 1.01 * final["unique_tokens"]).any():
             return "no run repeats its data (tokens <= unique_tokens everywhere)"
         if self.name == "farseer" and final["params_active"].nunique() < 3:
             return "a size-dependent data exponent needs at least three model sizes"
         return None
+
+
+# Below this spread (natural log) the moe law's kappa cannot be told from alpha: of sparsity, or of log total
+# parameters around a line in log active parameters
+MIN_SPARSITY_SPREAD = 0.1
+
+
+def _sparsity_unidentifiable(final: pd.DataFrame) -> str | None:
+    """Why the moe law's kappa cannot be fitted on these runs, or None.
+
+    N_eff = N (N_t / N)^kappa = N^(1 - kappa) N_t^kappa: where log N_t is a line in log N (one sparsity for every
+    run, or one total size for every run, as on Step Law's MoE ladder of 2.15B-total runs at 188M-1.24B active),
+    N_eff is a power of N alone, A and alpha absorb any kappa, and the fit runs to a bound of both."""
+    log_active = np.log(final["params_active"].to_numpy(float))
+    log_total = np.log(final["params_total"].to_numpy(float))
+    if np.ptp(log_total - log_active) < MIN_SPARSITY_SPREAD:
+        return "the ladder does not vary sparsity (total/active parameters): kappa is not identifiable"
+    slope, intercept = np.polyfit(log_active, log_total, 1)
+    if np.ptp(log_total - (slope * log_active + intercept)) < MIN_SPARSITY_SPREAD:
+        held = "one total size" if abs(slope) < 0.1 else f"total parameters growing as active^{slope:.2g}"
+        return (f"the ladder's total parameters follow its active ones ({held}): how total parameters help (kappa) "
+                "cannot be told from how active ones do (alpha); that needs total sizes that vary apart from the active "
+                "ones (one active size at two total sizes, say)")
+    return None
 
 
 @dataclass

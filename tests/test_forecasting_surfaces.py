@@ -55,6 +55,12 @@ def test_moe_surface_finds_how_much_total_parameters_count():
     assert fit.params["kappa"] == pytest.approx(0.35, abs=0.02)
     with pytest.raises(FitError, match="does not vary sparsity"):
         fit_surface("moe", _frame(n, d, SURFACES["moe"].predict_fn(x, truth), params_total=n * 4.0))
+    # one total size for every run (Step Law's MoE ladder): N_eff is a power of N alone, kappa one with alpha
+    one_total = np.full(len(n), 2e10)
+    with pytest.raises(FitError, match=r"follow its active ones \(one total size\)"):
+        fit_surface("moe", _frame(n, d, SURFACES["moe"].predict_fn({**x, "params_total": one_total}, truth), params_total=one_total))
+    with pytest.raises(FitError, match=r"growing as active\^0.5"):
+        fit_surface("moe", _frame(n, d, np.full(len(n), 3.0), params_total=3e5 * np.sqrt(n)))
 
 
 def test_data_constrained_surface_discounts_repeated_tokens():
