@@ -303,8 +303,9 @@ def fit_surface(
     Parameters are optimised in log space where they are positive (E, A, B, R*), exponents as they are;
     Huber on log residuals through least_squares(loss="huber", f_scale=delta). Starts: the Chinchilla
     fit on the same points (its varpro grid search finds the basin), a few spread values of the form's
-    own extra parameter, and either `start` (a warm start for bootstrap refits) or the best point of a grid over
-    the form's own nonlinear parameters (`_grid_start`).
+    own extra parameter, and the best point of a grid over the form's own nonlinear parameters (`_grid_start`).
+    With `start` (a bootstrap refit, warm-started at the full fit's optimum): that start alone, and the others
+    besides it only when it does not converge.
     """
     surface = SURFACES[name]
     reason = surface.applicable(final)
@@ -320,19 +321,6 @@ def fit_surface(
     y, w = y[keep], w[keep]
     if len(y) < len(surface.names) + 1 or len(np.unique(x["params_active"])) < 2:
         raise FitError("too few distinct points with positive weight")
-    ctx: dict = {}
-    if np.ptp(np.log10(x["tokens"] / x["params_active"])) >= MIN_RATIO_SPREAD:
-        try:
-            law, diag = fit_chinchilla(x["params_active"], x["tokens"], y, weights=w, n_polish=2)
-            if diag.converged:
-                ctx["chinchilla"] = law
-        except FitError:
-            pass
-    starts = surface.starts_fn(ctx)
-    if start is not None:
-        starts.insert(0, np.array([start[k] for k in surface.names]))
-    else:
-        starts += _grid_start(surface, x, y, w)
     log_idx = [i for i, k in enumerate(surface.names) if k in ("E", "A", "B", "R_star")]
     lo, hi = surface.bounds
     sw = np.sqrt(w)
@@ -360,18 +348,38 @@ def fit_surface(
     zhi[log_idx] = np.log(hi[log_idx])
     zlo[surface.names.index("E")] = np.log(1e-3)
     zhi[surface.names.index("E")] = np.log(max(float(y.min()) * (1 - 1e-6), 2e-3))
-    best = None
-    for s0 in starts:
-        z0 = np.asarray(s0, dtype=float).copy()
-        z0[log_idx] = np.log(np.maximum(z0[log_idx], 1e-12))
-        z0 = np.clip(z0, zlo + 1e-9, zhi - 1e-9)
-        try:
-            res = least_squares(resid, z0, jac=jac, bounds=(zlo, zhi), loss="huber", f_scale=delta,
-                                xtol=1e-12, ftol=1e-14, gtol=1e-12, max_nfev=4000)
-        except (ValueError, FloatingPointError):
-            continue
-        if np.isfinite(res.cost) and (best is None or res.cost < best.cost):
-            best = res
+
+    def best_of(starts, best=None):
+        for s0 in starts:
+            z0 = np.asarray(s0, dtype=float).copy()
+            z0[log_idx] = np.log(np.maximum(z0[log_idx], 1e-12))
+            z0 = np.clip(z0, zlo + 1e-9, zhi - 1e-9)
+            try:
+                res = least_squares(resid, z0, jac=jac, bounds=(zlo, zhi), loss="huber", f_scale=delta,
+                                    xtol=1e-12, ftol=1e-14, gtol=1e-12, max_nfev=4000)
+            except (ValueError, FloatingPointError):
+                continue
+            if np.isfinite(res.cost) and (best is None or res.cost < best.cost):
+                best = res
+        return best
+
+    # a bootstrap refit starts from the full fit's optimum alone, and from every start only when that does not
+    # converge: on Step Law, Porian and Chinchilla splits the multi-start found the same optimum in every refit
+    # (forecasts equal to 5 digits) at 2-11x the time (BENCHMARKS.md)
+    best = None if start is None else best_of([np.array([start[k] for k in surface.names])])
+    if best is None or best.status <= 0:
+        ctx: dict = {}
+        if np.ptp(np.log10(x["tokens"] / x["params_active"])) >= MIN_RATIO_SPREAD:
+            try:
+                law, diag = fit_chinchilla(x["params_active"], x["tokens"], y, weights=w, n_polish=2)
+                if diag.converged:
+                    ctx["chinchilla"] = law
+            except FitError:
+                pass
+        starts = surface.starts_fn(ctx)
+        if start is None:
+            starts += _grid_start(surface, x, y, w)
+        best = best_of(starts, best)
     if best is None:
         raise FitError(f"the {name} law did not converge from any start")
     params = {k: float(v) for k, v in unpack(best.x).items()}
