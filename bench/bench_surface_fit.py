@@ -1,9 +1,9 @@
 """Speed bench: an `auto` forecast whose candidates are the final-loss surfaces, timed as a user runs it.
 
-Two ladders: `one_ratio`, eight sizes at 20 tokens per parameter (the shape most ladders have: every rung at one
-D/N), and `steplaw`, the public Step Law dense ladder's first leave-largest-out split (sizes and D/N both vary).
-The forecast is `forecast_target(..., method="auto", n_bootstrap=20)`: every candidate's backtest, bootstrap and
-band. It prints the forecast so that a run against the code before a change shows the same numbers.
+Three ladders: `one_ratio`, eight sizes at 20 tokens per parameter (the shape most ladders have: every rung at one
+D/N), `steplaw`, the public Step Law dense ladder's first leave-largest-out split (sizes and D/N both vary), and
+`steplaw_moe`, Step Law's MoE split (12 runs). The forecast is `forecast_target(..., method="auto", n_bootstrap=20)`
+(`--n-bootstrap`: `ladder forecast` uses 200): every candidate's backtest, bootstrap and band. It prints the forecast so that a run against the code before a change shows the same numbers.
 
 The baseline is the code before the change, from a git worktree of that commit, run by the same interpreter in turn
 with this one (farm-bench pairs them); the command is in BENCHMARKS.md:
@@ -42,16 +42,22 @@ def steplaw_ladder() -> tuple[pd.DataFrame, TargetSpec]:
     return split.train, split.targets[0].target
 
 
-CASES = {"one_ratio": one_ratio_ladder, "steplaw": steplaw_ladder}
+def steplaw_moe_ladder() -> tuple[pd.DataFrame, TargetSpec]:
+    split = suite.splits_steplaw_moe()[0]
+    return split.train, split.targets[-1].target
+
+
+CASES = {"one_ratio": one_ratio_ladder, "steplaw": steplaw_ladder, "steplaw_moe": steplaw_moe_ladder}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("--n-bootstrap", type=int, default=20, help="20 as in the suite; `ladder forecast` uses 200")
     args = ap.parse_args()
     table, target = CASES[args.case]()
     start = time.perf_counter()
-    f = forecast_target(table, target, method="auto", n_bootstrap=20)
+    f = forecast_target(table, target, method="auto", n_bootstrap=args.n_bootstrap)
     print(f"{args.case}: {f.method} {f.final_loss:.5f} [{f.final_loss_lo:.5f}, {f.final_loss_hi:.5f}] "
           f"in {time.perf_counter() - start:.1f} s")
 
