@@ -89,8 +89,8 @@ def _sparsity_unidentifiable(final: pd.DataFrame) -> str | None:
         return "the ladder does not vary sparsity (total/active parameters): kappa is not identifiable"
     slope, intercept = np.polyfit(log_active, log_total, 1)
     if np.ptp(log_total - (slope * log_active + intercept)) < MIN_SPARSITY_SPREAD:
-        held = "one total size" if abs(slope) < 0.1 else f"total parameters growing as active^{slope:.2g}"
-        return (f"the ladder's total parameters follow its active ones ({held}): how total parameters help (kappa) "
+        pattern = "one total size" if abs(slope) < 0.1 else f"total parameters growing as active^{slope:.2g}"
+        return (f"the ladder's total parameters follow its active ones ({pattern}): how total parameters help (kappa) "
                 "cannot be told from how active ones do (alpha); that needs total sizes that vary apart from the active "
                 "ones (one active size at two total sizes, say)")
     return None
@@ -364,8 +364,9 @@ def fit_surface(
         return best
 
     # a bootstrap refit starts from the full fit's optimum alone, and from every start only when that does not
-    # converge: on Step Law, Porian and Chinchilla splits the multi-start found the same optimum in every refit
-    # (forecasts equal to 5 digits) at 2-11x the time (BENCHMARKS.md)
+    # converge: on Step Law, Porian and Chinchilla splits the multi-start found the same optimum (forecasts equal to
+    # 5 digits) at 4-17x the time; where a fit sits on a bound, refits can settle elsewhere along the flat valley
+    # (on the public suite, band half-widths moved by up to 0.03 points: BENCHMARKS.md)
     best = None if start is None else best_of([np.array([start[k] for k in surface.names])])
     if best is None or best.status <= 0:
         ctx: dict = {}
