@@ -36,7 +36,11 @@ turned into a forecast the same way; only the formula differs.
 - Curves: a final law predicts fully trained runs; the shape of the curve before the end comes from the rungs'
   own curves, as a scaling collapse (Qiu et al. 2025): the reducible loss L(g) - E at progress g, divided by
   the run's own final reducible loss, is one curve for runs of one recipe, so the target's loss at g is
-  E + (law's final - E) times the rungs' ratio at g (`ScheduleOffsets`, E the law's own irreducible term). So
+  E + (law's final - E) times the rungs' ratio at g (`ScheduleOffsets`). E is the law's own irreducible term, or the
+  floor at which the rungs' curves collapse best (`collapse_floor`) where the curve backtest drew the held-out rungs'
+  curves better with it (by more than `PREFER_LAW_FLOOR`): a law's E is a final-point fit, and where the final
+  points do not pin it (the data-constrained ladder's two sizes: A on its bound 0, E = 2.77 against losses of 2.9-3.1)
+  the ratios above it are far from one shape. So
   the final loss stays the law's and the curve inherits the recipe's schedule, and the law is never asked
   about the tokens seen early in a run, far below the ladder's tokens per parameter (evaluating a surface
   there, as an earlier version did, drew Chinchilla's Multi-Power cross-size curves 61% off on average and
@@ -564,7 +568,7 @@ def _dn_splits(final: pd.DataFrame, dn: str, min_fit: int, max_splits: int) -> l
 
 
 def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.DataFrame | None,
-                     dn: str | None = None) -> dict:
+                     dn: str | None = None, floor_mode: str = "law") -> dict:
     """Every scored point of the expanding splits (relative error, distance) and, scoring curves, each held-out
     run's (fractions, errors, distance); `dn_points` counts those scored by the D/N splits."""
     out: dict = {"held": [], "rel": [], "dist": [], "curves": [], "sizes": [], "last": None, "dn_points": 0,
@@ -585,7 +589,7 @@ def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.D
         except FitError:
             continue
         before, held_before = len(out["rel"]), len(out["held"])
-        _score_split(model, fit_part, pred_part, table, out, along_compute=i < n_compute)
+        _score_split(model, fit_part, pred_part, table, out, along_compute=i < n_compute, floor_mode=floor_mode)
         split = i if i < n_compute else DN_SPLIT  # compute splits by how many runs they fit; D/N splits apart
         out["point_split"].extend([split] * (len(out["rel"]) - before))
         out["held_split"].extend([split] * (len(out["held"]) - held_before))
@@ -612,7 +616,7 @@ def _split_fit(law: str, part: pd.DataFrame) -> FinalModel:
 
 
 def _score_split(model: FinalModel, fit_part: pd.DataFrame, pred_part: pd.DataFrame, table: pd.DataFrame | None,
-                 out: dict, *, along_compute: bool) -> None:
+                 out: dict, *, along_compute: bool, floor_mode: str = "law") -> None:
     pts = points_of(pred_part)
     fit_pts = points_of(runs_of(fit_part))
     points_per_run = np.ones(len(pred_part), dtype=int)
@@ -625,11 +629,12 @@ def _score_split(model: FinalModel, fit_part: pd.DataFrame, pred_part: pd.DataFr
             pred_part["run"], distance(pts, fit_pts), pred, pred_part["loss"].to_numpy(float), strict=True))
     else:  # every eval of each held-out run, its curve drawn from the fitted runs' schedule offsets
         fit_rows = table[table["run"].isin(fit_part["run"])]
+        floor = collapse_floor(fit_rows, float(model.params.get("E", 0.0))) if floor_mode == "collapse" else None
         for i, ((_, row), d) in enumerate(zip(pred_part.iterrows(), distance(pts, fit_pts), strict=True)):
             curve = table[table["run"] == row["run"]].sort_values("step")
             points_per_run[i] = len(curve)
             target = run_target(curve, row)
-            offsets = schedule_offsets(fit_rows, model, target_flops=float(row["run_flops"]))
+            offsets = schedule_offsets(fit_rows, model, target_flops=float(row["run_flops"]), floor=floor)
             p, _ = curve_prediction(model, target, curve["step"].to_numpy(), offsets)
             errors = p / curve["loss"].to_numpy(float) - 1
             out["rel"].extend(errors)
@@ -649,9 +654,39 @@ def _score_split(model: FinalModel, fit_part: pd.DataFrame, pred_part: pd.DataFr
 
 
 def _curve_backtest_points(law: str, table: pd.DataFrame, max_splits: int, dn: str | None = None) -> dict:
+    """The curve backtest's points, with the collapse's floor (`floor_mode`) that drew the held-out rungs' curves
+    better: the law's own E, or the E at which the fitted rungs' curves collapse best (`collapse_floor`) where that
+    missed them by less than 1 / PREFER_LAW_FLOOR of the law's E's RMS error."""
     final = fit_frame(law, table, dn)
-    return _cached(("backtest_curve_points", law, _key(table), max_splits, dn),
-                   lambda: _backtest_points(law, final, max_splits, table, dn))
+
+    def points(mode: str) -> dict:
+        return _cached(("backtest_curve_points", law, _key(table), max_splits, dn, mode),
+                       lambda: _backtest_points(law, final, max_splits, table, dn, floor_mode=mode) | {"floor_mode": mode})
+
+    own = points("law")
+    if not own["curves"]:
+        return own
+    collapsed = points("collapse")
+    return collapsed if _rms(collapsed["rel"]) * PREFER_LAW_FLOOR < _rms(own["rel"]) else own
+
+
+PREFER_LAW_FLOOR = 1.10
+
+
+def _rms(rel: list[float]) -> float:
+    r = np.asarray(rel, dtype=float)
+    r = r[np.isfinite(r)]
+    return float(np.sqrt(np.mean(r**2))) if len(r) else np.inf
+
+
+def curve_floor(law: str, table: pd.DataFrame, model: FinalModel, dn: str | None = None) -> float | None:
+    """The floor the forecast's curve collapses above: None (the law's E) unless the curve backtest chose the rungs'
+    collapse floor (`_curve_backtest_points`), or when nothing could be backtested."""
+    try:
+        mode = _curve_backtest_points(law, table, 5, dn).get("floor_mode", "law")
+    except FitError:
+        return None
+    return collapse_floor(table, float(model.params.get("E", 0.0))) if mode == "collapse" else None
 
 
 def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5, dn: str | None = None,
@@ -867,8 +902,40 @@ def _reducible(loss: np.ndarray, floor: float) -> np.ndarray:
     return np.maximum(loss - floor, MIN_REDUCIBLE * loss)
 
 
+COLLAPSE_GRID = 60
+
+
+def _collapse_curves(table: pd.DataFrame, min_points: int = 3) -> list[pd.DataFrame]:
+    """The finished rungs' curves (evals after the start), sorted by step, with at least `min_points` evals."""
+    curves = [c[c["fraction"] > 0] for _, c in table.sort_values("step").groupby("run")]
+    return [c for c in curves if len(c) >= min_points and c["fraction"].iloc[-1] >= FINISHED]
+
+
+def collapse_floor(table: pd.DataFrame, law_floor: float) -> float:
+    """The floor E at which the rungs' curves collapse best: of the law's own E and a grid from 0 to just below the
+    lowest loss any rung reached, the one that leaves the least variance across rungs of log(L(g) - E) -
+    log(L(1) - E), averaged over the fractions every rung covers; the law's E with fewer than two rungs."""
+    curves = _collapse_curves(table) if {"fraction", "tokens"} <= set(table.columns) else []
+    if len(curves) < 2:
+        return law_floor
+    logs = [np.log(c["fraction"].to_numpy(float)) for c in curves]
+    losses = [c["loss"].to_numpy(float) for c in curves]
+    grid = np.linspace(max(lg[0] for lg in logs), 0.0, 30)
+    lowest = min(float(v.min()) for v in losses)
+    best, best_floor = np.inf, law_floor
+    for floor in np.r_[law_floor, np.linspace(0.0, 0.98 * lowest, COLLAPSE_GRID)]:
+        if floor >= lowest:
+            continue
+        ratios = [np.interp(grid, lg, np.log(_reducible(v, floor))) - np.log(_reducible(v[-1:], floor))[0]
+                  for lg, v in zip(logs, losses, strict=True)]
+        dispersion = float(np.mean(np.var(np.array(ratios), axis=0, ddof=1)))
+        if dispersion < best - 1e-12:
+            best, best_floor = dispersion, float(floor)
+    return best_floor
+
+
 def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, target_flops: float | None = None,
-                     min_points: int = 3) -> ScheduleOffsets | None:
+                     min_points: int = 3, floor: float | None = None) -> ScheduleOffsets | None:
     """Collapsed curves of the rungs (runs with >= min_points evals and a fraction column), or None.
 
     The target's ratio is the rungs' mean weighted by nearness in compute (exp(-decades / 0.5)): where the
@@ -878,12 +945,9 @@ def schedule_offsets(table: pd.DataFrame, model: FinalModel, *, target_flops: fl
     """
     if not {"fraction", "tokens"} <= set(table.columns):
         return None
-    floor = float(model.params.get("E", 0.0))
+    floor = float(model.params.get("E", 0.0)) if floor is None else floor
     per_run, run_flops = [], []
-    for _, c in table.sort_values("step").groupby("run"):
-        c = c[c["fraction"] > 0]
-        if len(c) < min_points or c["fraction"].iloc[-1] < FINISHED:
-            continue
+    for c in _collapse_curves(table, min_points):
         reducible = np.log(_reducible(c["loss"].to_numpy(float), floor))
         per_run.append((np.log(c["fraction"].to_numpy(float)), reducible - reducible[-1]))
         last = c.iloc[-1]
@@ -985,7 +1049,8 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "
                     f"{PRIOR_RATE:.0%} per decade of distance ({d_target:.2f} here)")
     T = target.steps()
-    offsets = schedule_offsets(table, model, target_flops=float(tp["flops"][0])) if T > 1 else None
+    floor = curve_floor(law, table, model, dn) if T > 1 else None
+    offsets = schedule_offsets(table, model, target_flops=float(tp["flops"][0]), floor=floor) if T > 1 else None
     if offsets is None:
         steps = np.array([T])  # no rung curve to learn the schedule's shape from: the final point only
     else:
@@ -1019,7 +1084,8 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         target=target, method=law, inputs_fingerprint=fingerprint_table(table),
         curve=api._curve(steps, pred, lo, hi, target), final_loss=float(pred[-1]), final_loss_lo=float(lo[-1]),
         final_loss_hi=float(hi[-1]), law=model.formula, params=params, backtest=backtests,
-        band_terms=sig | {"distance": d_target, "total": float(total[-1])}, warnings=warn,
+        band_terms=sig | {"distance": d_target, "total": float(total[-1])} | ({} if floor is None else {"curve_floor": floor}),
+        warnings=warn,
     )
 
 

@@ -61,3 +61,33 @@ def test_a_surface_draws_a_larger_model_s_curve_from_the_rungs_shape_not_its_own
     assert err.mean() < 0.03, err.describe()
     assert err.max() < 0.15, err.describe()
     assert scored["covered"].mean() >= 0.9
+
+
+def test_the_collapse_floor_is_where_the_rungs_curves_collapse():
+    """Curves that collapse above E = 1.8 (and nowhere else): the floor found from the curves alone is 1.8, whatever
+    the law's own E says."""
+    from forecasting import final_laws as fl
+
+    table = _collapsed_curves([1e7, 2e7, 4e7, 8e7], [20.0], noise=0.0)
+    step = 0.98 * table["loss"].min() / fl.COLLAPSE_GRID  # the grid's resolution
+    for law_floor in (0.0, 1.0, 2.3):
+        assert abs(fl.collapse_floor(table, law_floor) - E) < step, law_floor
+    assert fl.collapse_floor(table[table["run"] == table["run"].iloc[0]], 0.7) == 0.7  # one rung: nothing to collapse
+
+
+def test_a_law_whose_own_floor_draws_the_rungs_curves_worse_uses_the_collapse_floor():
+    """The data-constrained ladder's law has E = 2.77 (A on its bound 0): the 2.8B and 4.2B curves collapse above 0,
+    and the curve backtest, which drew the 4.2B runs' curves from the 2.8B runs', says so; the forecast's curve uses
+    that floor and reports it. The 8.7B runs' evals (the suite scores them) are closer for it."""
+    from forecasting import final_laws as fl
+
+    split = next(s for s in suite.splits_datablations() if s.name.startswith("oscar"))
+    chosen = fl._curve_backtest_points("data_constrained", split.train, 5)
+    assert chosen["floor_mode"] == "collapse"
+    own = fl._cached(("backtest_curve_points", "data_constrained", fl._key(split.train), 5, None, "law"), lambda: None)
+    assert fl._rms(chosen["rel"]) * fl.PREFER_LAW_FLOOR < fl._rms(own["rel"])
+    held = next(h for h in split.targets if h.run == "8.7B/oscar/4ep")
+    f = fl.forecast_final(split.train, held.target, "data_constrained", 10, 0)
+    assert f.band_terms["curve_floor"] < 0.5 * f.params["E"].value
+    scored = suite.score_forecast(f, held)
+    assert scored["rel_error"].abs().mean() < 0.06 and scored["covered"].mean() >= 0.9
