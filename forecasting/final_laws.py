@@ -1049,8 +1049,10 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "
                     f"{PRIOR_RATE:.0%} per decade of distance ({d_target:.2f} here)")
     T = target.steps()
-    floor = curve_floor(law, table, model, dn) if T > 1 else None
-    offsets = schedule_offsets(table, model, target_flops=float(tp["flops"][0]), floor=floor) if T > 1 else None
+    offsets = schedule_offsets(table, model, target_flops=float(tp["flops"][0])) if T > 1 else None
+    floor = curve_floor(law, table, model, dn) if offsets is not None and "extrapolation" in sig else None
+    if floor is not None:
+        offsets = schedule_offsets(table, model, target_flops=float(tp["flops"][0]), floor=floor)
     if offsets is None:
         steps = np.array([T])  # no rung curve to learn the schedule's shape from: the final point only
     else:
