@@ -77,8 +77,9 @@ def test_the_collapse_floor_is_where_the_rungs_curves_collapse():
 
 def test_a_law_whose_own_floor_draws_the_rungs_curves_worse_uses_the_collapse_floor():
     """The data-constrained ladder's law has E = 2.77 (A on its bound 0): the 2.8B and 4.2B curves collapse above 0,
-    and the curve backtest, which drew the 4.2B runs' curves from the 2.8B runs', says so; the forecast's curve uses
-    that floor and reports it. The 8.7B runs' evals (the suite scores them) are closer for it."""
+    and the curve backtest, which drew the larger runs' curves from the smaller ones', says so; the forecast's curve
+    uses that floor and reports it. The 8.7B 4-epoch run's evals (the suite scores them) are 4.2% off on average for
+    it, 5.3% above the law's E."""
     from forecasting import final_laws as fl
 
     split = next(s for s in suite.splits_datablations() if s.name.startswith("oscar"))
@@ -90,4 +91,4 @@ def test_a_law_whose_own_floor_draws_the_rungs_curves_worse_uses_the_collapse_fl
     f = fl.forecast_final(split.train, held.target, "data_constrained", 10, 0)
     assert f.band_terms["curve_floor"] < 0.5 * f.params["E"].value
     scored = suite.score_forecast(f, held)
-    assert scored["rel_error"].abs().mean() < 0.06 and scored["covered"].mean() >= 0.9
+    assert scored["rel_error"].abs().mean() < 0.05 and scored["covered"].mean() >= 0.9
