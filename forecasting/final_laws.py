@@ -1183,7 +1183,7 @@ def optimal_allocation(table: pd.DataFrame, target: TargetSpec, *, n_boot: int =
     sparsity = sparsity_tradeoff(table, target, n_boot=n_boot, seed=seed)
     moe_ladder = "params_total" in final.columns and bool((final["params_total"] > 1.01 * final["params_active"]).any())
     if sparsity is None and (moe_ladder or (target.params_total or 0) > 1.01 * target.params_active):
-        warn.append(f"no loss-optimal sparsity: the moe law cannot be fitted here: {applicable('moe', fit_frame('moe', table))}")
+        warn.append(f"no loss-optimal sparsity: the moe law cannot be fitted here: {reasons['moe']}")
     return {
         "available": True, "law": law, "formula": model.formula, "backtest_rate": None if not np.isfinite(rate) else float(rate),
         "flops_6nd": c6, **best, "intervals": intervals, "n_bootstrap": len(reps), "bootstrap": kind,
