@@ -1,8 +1,9 @@
 """Speed bench: an `auto` forecast whose candidates are the final-loss surfaces, timed as a user runs it.
 
-Three ladders: `one_ratio`, eight sizes at 20 tokens per parameter (the shape most ladders have: every rung at one
-D/N), `steplaw`, the public Step Law dense ladder's first leave-largest-out split (sizes and D/N both vary), and
-`steplaw_moe`, Step Law's MoE split (12 runs). The forecast is `forecast_target(..., method="auto", n_bootstrap=20)`
+Five ladders: `one_ratio`, eight sizes at 20 tokens per parameter (the shape most ladders have: every rung at one
+D/N), `steplaw`, the public Step Law dense ladder's first leave-largest-out split (sizes and D/N both vary),
+`steplaw_moe`, Step Law's MoE split (12 runs), `porian`, Porian et al.'s first configuration (107 IsoFLOP runs),
+and `datablations`, the data-constrained C4 split (16 runs at 1-44 epochs, every eval as checkpoints). The forecast is `forecast_target(..., method="auto", n_bootstrap=20)`
 (`--n-bootstrap`: `ladder forecast` uses 200): every candidate's backtest, bootstrap and band. It prints the
 forecast so that a run against the code before a change shows the same numbers.
 
@@ -48,7 +49,18 @@ def steplaw_moe_ladder() -> tuple[pd.DataFrame, TargetSpec]:
     return split.train, split.targets[-1].target
 
 
-CASES = {"one_ratio": one_ratio_ladder, "steplaw": steplaw_ladder, "steplaw_moe": steplaw_moe_ladder}
+def porian_ladder() -> tuple[pd.DataFrame, TargetSpec]:
+    split = suite.splits_porian(cap=1)[0]
+    return split.train, split.targets[0].target
+
+
+def datablations_ladder() -> tuple[pd.DataFrame, TargetSpec]:
+    split = suite.splits_datablations(cap=1)[0]
+    return split.train, split.targets[0].target
+
+
+CASES = {"one_ratio": one_ratio_ladder, "steplaw": steplaw_ladder, "steplaw_moe": steplaw_moe_ladder,
+         "porian": porian_ladder, "datablations": datablations_ladder}
 
 
 def main() -> None:

@@ -166,3 +166,24 @@ def test_a_warm_started_bootstrap_refit_finds_what_every_start_finds(name):
         warm, cold = fit_surface(name, frame, weights=w, start=full.params), fit_surface(name, frame, weights=w)
         assert warm.objective == pytest.approx(cold.objective, rel=1e-6, abs=1e-12)
         assert warm.predict(far)[0] == pytest.approx(cold.predict(far)[0], rel=1e-6)
+
+
+def test_a_bootstrap_refit_along_a_flat_valley_converges_where_tight_tolerances_ran_out(monkeypatch):
+    """Porian's first configuration, Farseer, the first of 100 stratified resamples: at the full fit's tolerances
+    the warm-started refit walked a flat valley to the evaluation limit, and the replicate was dropped (6 of 100 on
+    this table); at REFIT_TOL it converges, and predicts the target as the unconverged walk's best point does."""
+    from forecasting import final_laws as fl
+    from forecasting import suite, surfaces
+    from forecasting.table import validate_table
+
+    split = suite.splits_porian(cap=1)[0]
+    final = fl.final_points(validate_table(split.train))
+    full = fit_surface("farseer", final)
+    weights = fl.stratified_run_weights(final["run"], final["params_active"], 100, 0)[0]
+    at_target = fl.target_point(split.targets[0].target)
+    refit = fit_surface("farseer", final, weights=weights, start=full.params)
+    monkeypatch.setattr(surfaces, "REFIT_TOL", surfaces.FIT_TOL)
+    walked = fit_surface("farseer", final, weights=weights, start=full.params)
+    assert refit.converged and not walked.converged
+    assert refit.objective == pytest.approx(walked.objective, rel=1e-4)
+    assert refit.predict(at_target)[0] == pytest.approx(walked.predict(at_target)[0], rel=1e-3)
