@@ -22,15 +22,18 @@ from forecasting.refit import fit_curve, lr_per_step, schedule_features
 
 
 def run_compute(table: pd.DataFrame) -> pd.Series:
-    """Planned total compute per run: flops/fraction at its last point, else 6*N*D at its last point."""
-    last = table.sort_values("step").groupby("run").tail(1).set_index("run")
+    """Planned total compute per run: flops/fraction at its last point, else 6*N*D at its last point; ascending, runs
+    of one compute by name (`final_laws.last_points` says why)."""
+    last = table.sort_values("step").groupby("run").tail(1).set_index("run").sort_index()
     if "flops" in last.columns and "fraction" in last.columns:
-        return (last["flops"] / last["fraction"]).sort_values()
-    if "flops" in last.columns:
-        return last["flops"].sort_values()
-    if "params_active" in last.columns and "tokens" in last.columns:
-        return (6 * last["params_active"] * last["tokens"]).sort_values()
-    raise FitError("a compute backtest needs flops, or params_active and tokens, per run")
+        compute = last["flops"] / last["fraction"]
+    elif "flops" in last.columns:
+        compute = last["flops"]
+    elif "params_active" in last.columns and "tokens" in last.columns:
+        compute = 6 * last["params_active"] * last["tokens"]
+    else:
+        raise FitError("a compute backtest needs flops, or params_active and tokens, per run")
+    return compute.sort_values(kind="stable")
 
 
 def held_out_run(run, fitted_on: str, distance: float, predicted: np.ndarray, actual: np.ndarray) -> HeldOutRun | None:

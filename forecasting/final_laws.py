@@ -115,7 +115,9 @@ class FinalModel:
 
 def last_points(table: pd.DataFrame) -> pd.DataFrame:
     """The last logged point of every run, finished or not, with its planned compute `run_flops` and planned
-    tokens `run_tokens` (the point's value over its fraction), sorted by planned compute."""
+    tokens `run_tokens` (the point's value over its fraction), sorted by planned compute, runs of one compute by
+    name: the order decides which runs a backtest split holds out, and numpy's (vectorised, CPU-specific) quicksort
+    left ties in one order on an Intel host and in another on an AMD one: one table, two backtests."""
     last = table.sort_values("step").groupby("run").tail(1).copy()
     frac = last["fraction"] if "fraction" in last.columns else 1.0
     if "flops" in last.columns:
@@ -126,7 +128,7 @@ def last_points(table: pd.DataFrame) -> pd.DataFrame:
         raise FitError("final-loss laws need flops, or params_active and tokens, per run")
     if "tokens" in last.columns:
         last["run_tokens"] = last["tokens"] / frac
-    return last.sort_values("run_flops", kind="stable").reset_index(drop=True)
+    return last.sort_values(["run_flops", "run"], kind="stable").reset_index(drop=True)
 
 
 def final_points(table: pd.DataFrame, warn: list[str] | None = None) -> pd.DataFrame:

@@ -108,3 +108,23 @@ def test_the_rate_comes_from_the_splits_that_fit_the_most_runs_once_they_hold_ou
     everything = result([[1e8, 2e8], [2e8], [4e8]])  # three splits, three sizes in all: every split
     assert everything.rate_points is None and everything.rate_distance is None
     assert everything.distance_of_rate == everything.distance
+
+
+def test_runs_of_one_compute_are_ordered_by_name_whatever_order_the_table_arrives_in():
+    """A backtest split holds out the runs after the first k in compute order; Muennighoff et al.'s runs of one size
+    share a compute (8 repetitions of one token budget), and a sort that left their order to the machine gave one
+    table two backtests (another held-out set, another band). Shuffled rows give one order: compute, then name."""
+    import importlib
+
+    from forecasting import suite
+
+    backtest = importlib.import_module("forecasting.backtest")  # the package's `backtest` name is the function
+    table = next(s for s in suite.splits_datablations() if s.name.startswith("oscar")).train
+    orders = []
+    for seed in range(3):
+        shuffled = table.sample(frac=1.0, random_state=seed)
+        runs = fl.last_points(shuffled)["run"].tolist()
+        assert backtest.run_compute(shuffled).index.tolist() == runs
+        orders.append(runs)
+    assert orders[0] == orders[1] == orders[2]
+    assert orders[0][8:11] == ["4.2B/oscar/14ep", "4.2B/oscar/1ep", "4.2B/oscar/2ep"]
