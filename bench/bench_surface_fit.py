@@ -3,9 +3,10 @@
 Five ladders: `one_ratio`, eight sizes at 20 tokens per parameter (the shape most ladders have: every rung at one
 D/N), `steplaw`, the public Step Law dense ladder's first leave-largest-out split (sizes and D/N both vary),
 `steplaw_moe`, Step Law's MoE split (12 runs), `porian`, Porian et al.'s first configuration (107 IsoFLOP runs),
-and `datablations`, the data-constrained C4 split (16 runs at 1-44 epochs, every eval as checkpoints). The forecast is `forecast_target(..., method="auto", n_bootstrap=20)`
-(`--n-bootstrap`: `ladder forecast` uses 200): every candidate's backtest, bootstrap and band. It prints the
-forecast so that a run against the code before a change shows the same numbers.
+and `datablations`, the data-constrained C4 split (16 runs of 1-44 epochs, whole curves). The forecast is
+`forecast_target(..., method="auto", n_bootstrap=20)` (`--n-bootstrap`: `ladder forecast` uses 200): every
+candidate's backtest, bootstrap and band. It prints the forecast so that a run against the code before a change shows
+the same numbers.
 
 The baseline is the code before the change, from a git worktree of that commit, run by the same interpreter in turn
 with this one (farm-bench pairs them); the command is in BENCHMARKS.md:
