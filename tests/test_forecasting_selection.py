@@ -114,17 +114,15 @@ def test_runs_of_one_compute_are_ordered_by_name_whatever_order_the_table_arrive
     """A backtest split holds out the runs after the first k in compute order; Muennighoff et al.'s runs of one size
     share a compute (8 repetitions of one token budget), and a sort that left their order to the machine gave one
     table two backtests (another held-out set, another band). Shuffled rows give one order: compute, then name."""
-    import importlib
-
     from forecasting import suite
+    from forecasting.backtest import run_compute
 
-    backtest = importlib.import_module("forecasting.backtest")  # the package's `backtest` name is the function
     table = next(s for s in suite.splits_datablations() if s.name.startswith("oscar")).train
     orders = []
     for seed in range(3):
         shuffled = table.sample(frac=1.0, random_state=seed)
         runs = fl.last_points(shuffled)["run"].tolist()
-        assert backtest.run_compute(shuffled).index.tolist() == runs
+        assert run_compute(shuffled).index.tolist() == runs
         orders.append(runs)
     assert orders[0] == orders[1] == orders[2]
     assert orders[0][8:11] == ["4.2B/oscar/14ep", "4.2B/oscar/1ep", "4.2B/oscar/2ep"]
