@@ -21,19 +21,27 @@ from forecasting.matched_progress import fit_profiled
 from forecasting.refit import fit_curve, lr_per_step, schedule_features
 
 
-def run_compute(table: pd.DataFrame) -> pd.Series:
-    """Planned total compute per run: flops/fraction at its last point, else 6*N*D at its last point; ascending, runs
-    of one compute by name (`final_laws.last_points` says why)."""
-    last = table.sort_values("step").groupby("run").tail(1).set_index("run").sort_index()
-    if "flops" in last.columns and "fraction" in last.columns:
-        compute = last["flops"] / last["fraction"]
-    elif "flops" in last.columns:
-        compute = last["flops"]
-    elif "params_active" in last.columns and "tokens" in last.columns:
-        compute = 6 * last["params_active"] * last["tokens"]
+def last_points(table: pd.DataFrame) -> pd.DataFrame:
+    """The last logged point of every run, finished or not, with its planned compute `run_flops` (flops, else 6*N*D,
+    over the fraction reached) and planned tokens `run_tokens`, sorted by planned compute, runs of one compute by
+    name: the order decides which runs a backtest split holds out, and numpy's (vectorised, CPU-specific) quicksort
+    left ties in one order on an Intel host and in another on an AMD one: one table, two backtests."""
+    last = table.sort_values("step").groupby("run").tail(1).copy()
+    frac = last["fraction"] if "fraction" in last.columns else 1.0
+    if "flops" in last.columns:
+        last["run_flops"] = last["flops"] / frac
+    elif {"params_active", "tokens"} <= set(last.columns):
+        last["run_flops"] = 6 * last["params_active"] * last["tokens"] / frac
     else:
-        raise FitError("a compute backtest needs flops, or params_active and tokens, per run")
-    return compute.sort_values(kind="stable")
+        raise FitError("a ladder's laws need flops, or params_active and tokens, per run")
+    if "tokens" in last.columns:
+        last["run_tokens"] = last["tokens"] / frac
+    return last.sort_values(["run_flops", "run"], kind="stable").reset_index(drop=True)
+
+
+def run_compute(table: pd.DataFrame) -> pd.Series:
+    """Planned total compute per run (`last_points`' rule and order), indexed by run."""
+    return last_points(table).set_index("run")["run_flops"].rename(None)
 
 
 def held_out_run(run, fitted_on: str, distance: float, predicted: np.ndarray, actual: np.ndarray) -> HeldOutRun | None:

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forecasting.backtest import FINISHED, held_out_run, rate_by_fraction
+from forecasting.backtest import FINISHED, held_out_run, last_points, rate_by_fraction
 from forecasting.bootstrap import percentile_interval, robust_sigma, run_weights, stratified_run_weights
 from forecasting.checkpoints import annealed_checkpoints
 from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
@@ -111,24 +111,6 @@ class FinalModel:
 
 
 # ---------------------------------------------------------------- points
-
-
-def last_points(table: pd.DataFrame) -> pd.DataFrame:
-    """The last logged point of every run, finished or not, with its planned compute `run_flops` and planned
-    tokens `run_tokens` (the point's value over its fraction), sorted by planned compute, runs of one compute by
-    name: the order decides which runs a backtest split holds out, and numpy's (vectorised, CPU-specific) quicksort
-    left ties in one order on an Intel host and in another on an AMD one: one table, two backtests."""
-    last = table.sort_values("step").groupby("run").tail(1).copy()
-    frac = last["fraction"] if "fraction" in last.columns else 1.0
-    if "flops" in last.columns:
-        last["run_flops"] = last["flops"] / frac
-    elif {"params_active", "tokens"} <= set(last.columns):
-        last["run_flops"] = 6 * last["params_active"] * last["tokens"] / frac
-    else:
-        raise FitError("final-loss laws need flops, or params_active and tokens, per run")
-    if "tokens" in last.columns:
-        last["run_tokens"] = last["tokens"] / frac
-    return last.sort_values(["run_flops", "run"], kind="stable").reset_index(drop=True)
 
 
 def final_points(table: pd.DataFrame, warn: list[str] | None = None) -> pd.DataFrame:

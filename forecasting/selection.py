@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting import final_laws as fl
-from forecasting.backtest import held_out_run
+from forecasting.backtest import held_out_run, last_points
 from forecasting.fitting import FitError
 from forecasting.forecast import TargetSpec
 from forecasting.matched_progress import fit_profiled
@@ -68,7 +68,7 @@ def matched_progress_refusal(table: pd.DataFrame, target: TargetSpec | None) -> 
         return "needs at least three rungs with whole curves (fraction and flops columns)"
     if target is None or not {"params_active", "tokens"} <= set(table.columns):
         return None
-    last = fl.last_points(table)
+    last = last_points(table)
     m = (last["run_tokens"] / last["params_active"]).to_numpy(float)
     m_t = target.tokens / target.params_active
     if not (m.min() / fl.DN_SLACK <= m_t <= m.max() * fl.DN_SLACK):
@@ -80,7 +80,7 @@ def matched_progress_refusal(table: pd.DataFrame, target: TargetSpec | None) -> 
 def backtest_matched_progress(table: pd.DataFrame, *, max_splits: int = 5, curves: bool = False):
     """Matched progress on the same expanding splits as the final laws, scored on each held-out run's last point
     (or, with `curves`, on every eval of each held-out run)."""
-    last = fl.last_points(table)
+    last = last_points(table)
     held, rel, dist, final = [], [], [], None
     sizes: list[float] = []  # of the held-out runs, counted as the final laws' backtests count them
     point_split: list[int] = []  # each point's split and each held run's, as the final laws' backtests record them
@@ -256,7 +256,7 @@ def _evidence(method: str, run_backtest, tp: dict, ref: dict | None) -> dict:
 def _all_runs(table: pd.DataFrame) -> dict | None:
     """Planned size, tokens and compute of every run (finished or not): the reference for the target's distance."""
     try:
-        last = fl.last_points(table)
+        last = last_points(table)
     except FitError:
         return None
     return fl.points_of(last.assign(tokens=last["run_tokens"]) if "run_tokens" in last.columns else last)

@@ -115,14 +115,28 @@ def test_runs_of_one_compute_are_ordered_by_name_whatever_order_the_table_arrive
     share a compute (8 repetitions of one token budget), and a sort that left their order to the machine gave one
     table two backtests (another held-out set, another band). Shuffled rows give one order: compute, then name."""
     from forecasting import suite
-    from forecasting.backtest import run_compute
+    from forecasting.backtest import last_points, run_compute
 
     table = next(s for s in suite.splits_datablations() if s.name.startswith("oscar")).train
     orders = []
     for seed in range(3):
         shuffled = table.sample(frac=1.0, random_state=seed)
-        runs = fl.last_points(shuffled)["run"].tolist()
+        runs = last_points(shuffled)["run"].tolist()
         assert run_compute(shuffled).index.tolist() == runs
         orders.append(runs)
     assert orders[0] == orders[1] == orders[2]
     assert orders[0][8:11] == ["4.2B/oscar/14ep", "4.2B/oscar/1ep", "4.2B/oscar/2ep"]
+
+
+def test_a_run_cut_short_counts_at_its_planned_compute_in_the_final_laws_and_the_backtests_alike():
+    """A table with fractions but no flops column (a user's CSV): the run stopped halfway is planned at 6*N*D over
+    its fraction, so it sorts after a finished run of 1.5x its logged compute in both orders; counted at the
+    compute it had logged, the backtests put it first while the final-loss laws put it last."""
+    from forecasting.backtest import last_points, run_compute
+
+    table = pd.DataFrame({
+        "run": ["half", "half", "whole"], "step": [1, 2, 2], "fraction": [0.25, 0.5, 1.0],
+        "params_active": [1e8, 1e8, 1e8], "tokens": [1e9, 2e9, 3e9], "loss": [3.0, 2.8, 2.7],
+    })
+    assert run_compute(table).index.tolist() == last_points(table)["run"].tolist() == ["whole", "half"]
+    assert run_compute(table)["half"] == pytest.approx(6 * 1e8 * 4e9)
