@@ -657,6 +657,17 @@ def _print_intervals(title: str, params: dict) -> None:
     console.print(table)
 
 
+CURVE_ROW_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def _curve_rows(curve: list) -> list:
+    """The curve's points nearest to CURVE_ROW_FRACTIONS of its last step, once each (a forecast's curve is spaced
+    evenly in log steps, so every k-th point would crowd the first percent of the run)."""
+    last = curve[-1].step
+    picked = {min(range(len(curve)), key=lambda i: abs(curve[i].step - f * last)) for f in CURVE_ROW_FRACTIONS}
+    return [curve[i] for i in sorted(picked)]
+
+
 def _print_forecast(forecast, where: str | None) -> None:
     console.print(f"[bold]{forecast.target.name}[/]: final loss {forecast.final_loss:.4f} "
                   f"[{forecast.final_loss_lo:.4f}, {forecast.final_loss_hi:.4f}] ({forecast.level:.0%}) by {forecast.method}"
@@ -665,11 +676,10 @@ def _print_forecast(forecast, where: str | None) -> None:
     if forecast.params:
         _print_intervals("parameters", forecast.params)
     if forecast.curve:
-        table = Table(title="predicted curve (every ~10%)")
+        table = Table(title="predicted curve (at 1%, 5% and every 10% of the run)")
         for column in ("step", "tokens", "loss", "lo", "hi"):
             table.add_column(column)
-        stride = max(1, len(forecast.curve) // 10)
-        for point in forecast.curve[::stride] + ([forecast.curve[-1]] if (len(forecast.curve) - 1) % stride else []):
+        for point in _curve_rows(forecast.curve):
             table.add_row(str(point.step), _fmt(point.tokens, "tokens") if point.tokens else "-", f"{point.loss:.4f}", f"{point.lo:.4f}", f"{point.hi:.4f}")
         console.print(table)
     for result in forecast.backtest:

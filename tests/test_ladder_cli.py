@@ -190,6 +190,20 @@ def test_forecast_on_a_table_takes_a_schedule(tmp_path):
     assert bad.exit_code == 2 and "schedule.kind" in bad.output
 
 
+def test_the_printed_curve_is_read_at_fractions_of_the_run_not_every_kth_of_its_log_spaced_points():
+    """A forecast's curve is spaced evenly in log steps: every 10th point put 6 of 11 rows in the first 10% of a
+    2,479-step run (steps 2, 20, 44, 95, 191, 367, ...)."""
+    from types import SimpleNamespace
+
+    from ladder.cli import CURVE_ROW_FRACTIONS, _curve_rows
+
+    steps = np.unique(np.geomspace(1, 2479, 120).round().astype(int))
+    rows = _curve_rows([SimpleNamespace(step=int(s)) for s in steps])
+    got = [r.step for r in rows]
+    assert got == sorted(set(got)) and got[-1] == 2479 and len(got) == len(CURVE_ROW_FRACTIONS)
+    for step, fraction in zip(got, CURVE_ROW_FRACTIONS, strict=True):
+        assert abs(step / 2479 - fraction) < 0.035 * fraction  # half the 6.6% spacing of 120 log-spaced points
+
 
 @pytest.mark.slow
 def test_forecast_names_the_laws_fitted_on_converted_checkpoints(tmp_path):  # about 30 s: every law's backtest, twice
