@@ -28,6 +28,7 @@ import io
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -36,7 +37,7 @@ import fsspec
 import numpy as np
 import pandas as pd
 
-from forecasting.table import ALIASES, TableError
+from forecasting.table import ALIASES, LeftOutWarning, TableError
 
 STEP_NAMES = ("step", "_step", "Step", "global_step", "trainer/global_step", "train/step", "iteration", "iter")
 # the loss a forecast is on: eval names first (Levanter, Marin, MaxText, OLMo, OLMo-core, HF), then a bare "loss"
@@ -367,8 +368,11 @@ def tidy_table(df: pd.DataFrame, default_run: str) -> pd.DataFrame:
     """A CSV/parquet table of runs (ours, a W&B export, an OLMo table) in forecasting.table's schema, before validation.
 
     Sparse columns are aligned by (run, step); `loss` is the eval loss, or the training loss (split "train") for
-    a run that logged no eval; an optional column still missing at some points after interpolating in step
-    within its run is dropped (its name goes to ``attrs["dropped"]``), so the laws that need it say so by name.
+    a run that logged no eval, in a wide export (eval and train columns) and a long one (a `split` column) alike; an
+    optional column still missing at some points after interpolating in step within its run is dropped (its name
+    goes to ``attrs["dropped"]``), so the laws that need it say so by name. What is left out (a run without any
+    loss value, a column with holes, train rows beside eval ones) is named in a LeftOutWarning; two different
+    losses at one step of one run are a TableError.
     """
     df = unpivot_panel_export(df)
     if df.empty:
@@ -413,11 +417,17 @@ def tidy_table(df: pd.DataFrame, default_run: str) -> pd.DataFrame:
         return out  # validate_table names what is missing
     out["step"] = pd.to_numeric(out["step"], errors="coerce")
     out = out[out["step"].notna()]
+    out = _eval_rows_where_logged(out, default_run)
+    _no_two_losses_at_one_step(out)
     sparse = out["loss"].isna().any() or out.duplicated(["run", "step"]).any()
     if not sparse:
         return out
     aligned = align_by_step(out, ["loss"], by=("run", "step"))
     aligned = aligned[aligned["loss"].notna()]
+    silent = sorted(set(out["run"].astype(str)) - set(aligned["run"].astype(str)))
+    if silent:
+        warnings.warn(f"{default_run}: run(s) {', '.join(map(repr, silent))} hold no loss value in any row: left out",
+                      LeftOutWarning, stacklevel=2)
     dropped = []
     for column in ("tokens", "flops", "lr", "fraction", "params_active", "params_total", "num_steps", "tokens_per_step"):
         if column not in aligned.columns or not aligned[column].isna().any():
@@ -439,10 +449,42 @@ def tidy_table(df: pd.DataFrame, default_run: str) -> pd.DataFrame:
             if (first_missing["step"] == 0).all():
                 aligned = aligned[~(aligned[column].isna() & (aligned["step"] == 0))]
             else:
+                runs = sorted(set(first_missing["run"].astype(str)))
+                warnings.warn(f"{default_run}: column {column!r} is missing at some steps of run(s) {', '.join(map(repr, runs[:3]))}"
+                              f"{' and more' if len(runs) > 3 else ''} even after interpolating within each run: the column is "
+                              "left out (a law that needs it says so)", LeftOutWarning, stacklevel=2)
                 aligned = aligned.drop(columns=[column])
                 dropped.append(column)
     aligned.attrs["dropped"] = dropped
     return aligned.reset_index(drop=True)
+
+
+def _eval_rows_where_logged(out: pd.DataFrame, source: str) -> pd.DataFrame:
+    """A long table with a `split` column: the eval rows of every run that has any (the loss a forecast reads), the
+    train rows only of runs without one. Aligned by step, one run's train and eval losses would merge into one row."""
+    if "split" not in out.columns:
+        return out
+    is_eval = out["split"].astype(str).str.strip().str.lower().eq("eval")
+    has_eval = is_eval.groupby(out["run"].astype(str)).transform("any")
+    left = out.loc[has_eval & ~is_eval, "run"].astype(str).unique()
+    if len(left):
+        warnings.warn(f"{source}: run(s) {', '.join(map(repr, sorted(left)[:3]))}{' and more' if len(left) > 3 else ''} log "
+                      "eval and train losses: their eval rows are read, their train rows left out", LeftOutWarning,
+                      stacklevel=3)
+    return out[~has_eval | is_eval]
+
+
+def _no_two_losses_at_one_step(out: pd.DataFrame) -> None:
+    """TableError when a run holds two different finite losses at one step (and split): which is the run's is a guess."""
+    loss = pd.to_numeric(out["loss"], errors="coerce")
+    key = ["run", "step"] + (["split"] if "split" in out.columns else [])
+    rows = out.assign(loss=loss)[np.isfinite(loss.to_numpy(float))]
+    counts = rows.groupby(key, sort=True)["loss"].nunique()
+    if (counts > 1).any():
+        where = counts[counts > 1].index[0]
+        run, step = where[0], where[1]
+        raise TableError(f"run {run!r} holds {int(counts.loc[where])} different losses at step {int(step)} "
+                         f"({int((counts > 1).sum())} such step(s)): a run appended twice, or two runs under one name?")
 
 
 def finite(value: Any) -> bool:

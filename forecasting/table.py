@@ -66,7 +66,11 @@ class TableError(ValueError):
     """The table of runs breaks the schema; the message says which column, run and step."""
 
 
-class TornLineWarning(UserWarning):
+class LeftOutWarning(UserWarning):
+    """Something a reader of a table left out (a run, a column, a line); the message names it and why."""
+
+
+class TornLineWarning(LeftOutWarning):
     """A run directory's metrics.jsonl ends in a torn line (its writer stopped mid-line); the line was ignored."""
 
 

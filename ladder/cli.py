@@ -565,18 +565,18 @@ def _parse_where(where: list[str] | None) -> dict[str, str]:
 
 
 def _load_table(source: str, where: list[str] | None = None, best_of_sweep: bool = False):
-    """forecasting.api.load_table (only the rows --where selects, the best of each sweep with --best-of-sweep), its
-    torn-line warnings printed as one line each."""
+    """forecasting.api.load_table (only the rows --where selects, the best of each sweep with --best-of-sweep), what
+    it left out (torn lines, runs without a loss, a column with holes) printed as one line each."""
     import warnings
 
     from forecasting import api
-    from forecasting.table import TornLineWarning
+    from forecasting.table import LeftOutWarning
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TornLineWarning)
+        warnings.simplefilter("always", LeftOutWarning)
         table = api.load_table(source, where=_parse_where(where), best_of_sweep=best_of_sweep)
     for warning in caught:
-        if issubclass(warning.category, TornLineWarning):
+        if issubclass(warning.category, LeftOutWarning):
             err_console.print(f"[yellow]warning:[/] {warning.message}")
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)

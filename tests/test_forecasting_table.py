@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from forecasting.api import load_table
-from forecasting.table import TableError, from_records, from_run_dirs, read_table_file, validate_table
+from forecasting.table import LeftOutWarning, TableError, from_records, from_run_dirs, read_table_file, validate_table
 
 
 def _runs(n_runs=3, n_steps=4):
@@ -64,6 +64,38 @@ def test_wandb_history_csv_columns_are_mapped(tmp_path):
     assert {"run", "step", "loss", "lr"} <= set(out.columns)
     assert out["step"].tolist() == [10, 20, 30] and out["loss"].tolist() == [3.0, 2.9, 2.8]
     assert out["lr"].tolist() == [1e-3, 9e-4, 8e-4] and out["run"].unique().tolist() == ["my-run"]
+
+
+def _long_csv(tmp_path, rows) -> str:
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return str(path)
+
+
+def test_a_long_table_with_train_and_eval_rows_reads_the_eval_loss(tmp_path):
+    """run,step,split,loss with both splits at every step: aligned by step alone, the train row (last in the file)
+    used to overwrite the eval one, and the forecast read the training loss without a word."""
+    rows = [{"run": run, "step": step, "split": split, "loss": base - step / 1000}
+            for run in ("a", "b") for step in (100, 200) for split, base in (("eval", 3.0), ("train", 2.0))]
+    rows += [{"run": "c", "step": 100, "split": "train", "loss": 2.5}]  # logged no eval: its train loss stands
+    with pytest.warns(LeftOutWarning, match=r"run\(s\) 'a', 'b' log eval and train losses: their eval rows are read"):
+        out = read_table_file(_long_csv(tmp_path, rows))
+    assert out.loc[out["run"] != "c", "loss"].tolist() == [2.9, 2.8, 2.9, 2.8]
+    assert out.loc[out["run"] == "c", ["split", "loss"]].values.tolist() == [["train", 2.5]]
+
+
+def test_two_losses_at_one_step_of_a_file_are_an_error_and_a_row_repeated_is_not(tmp_path):
+    rows = [{"run": "a", "step": s, "loss": 3.0 - s / 1000} for s in (100, 200)]
+    assert len(read_table_file(_long_csv(tmp_path, rows + [rows[1]]))) == 2
+    with pytest.raises(TableError, match=r"run 'a' holds 2 different losses at step 200 .*appended twice"):
+        read_table_file(_long_csv(tmp_path, rows + [{"run": "a", "step": 200, "loss": 2.5}]))
+
+
+def test_a_run_without_any_loss_is_left_out_by_name(tmp_path):
+    rows = [{"run": run, "step": 1, "loss": loss} for run, loss in (("a", 3.0), ("b", None), ("c", 2.5))]
+    with pytest.warns(LeftOutWarning, match=r"run\(s\) 'b' hold no loss value in any row: left out"):
+        out = read_table_file(_long_csv(tmp_path, rows))
+    assert out["run"].tolist() == ["a", "c"]
 
 
 def test_parquet_and_run_name_from_file(tmp_path):

@@ -81,6 +81,16 @@ def test_method_help_lists_every_forecasting_method():
     assert all(m in METHOD_HELP for m in METHODS)
 
 
+def test_a_run_the_reader_left_out_is_named_on_the_command_line(tmp_path):
+    path = tmp_path / "runs.csv"
+    frame = pd.read_csv(_chinchilla_table(tmp_path / "whole.csv"))
+    frame.loc[frame["run"] == "n3e+07-t10", "loss"] = np.nan
+    frame.to_csv(path, index=False)
+    result = runner.invoke(app, ["fit", str(path), "--law", "chinchilla", "--n-bootstrap", "5"])
+    assert result.exit_code == 0, result.output
+    assert "warning: runs: run(s) 'n3e+07-t10' hold no loss value in any row: left out" in result.output
+
+
 def test_forecast_on_a_table_needs_a_target_description(tmp_path):
     table = _chinchilla_table(tmp_path / "runs.csv")
     result = runner.invoke(app, ["forecast", table])
