@@ -332,8 +332,14 @@ def _run_compute_final(final: pd.DataFrame) -> np.ndarray:
 # ---------------------------------------------------------------- fit_ladder
 
 
+def _check_n_bootstrap(n_bootstrap: int) -> None:
+    if not isinstance(n_bootstrap, (int, np.integer)) or isinstance(n_bootstrap, bool) or n_bootstrap < 0:
+        raise ValueError(f"n_bootstrap is a number of refits, 0 or more; got {n_bootstrap!r}")
+
+
 def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200, seed: int = 0) -> LadderFit:
     """Fit a law to the ladder with bootstrap-over-runs intervals on every parameter."""
+    _check_n_bootstrap(n_bootstrap)
     table = validate_table(table)
     warn: list[str] = []
     table = _screened_runs(table, warn)
@@ -540,6 +546,7 @@ def forecast_target(
     table: pd.DataFrame, target: TargetSpec, *, method: str = "auto", n_bootstrap: int = 200, seed: int = 0
 ) -> Forecast:
     """Forecast the target's loss curve (with bands) and final loss (with interval) from the ladder alone."""
+    _check_n_bootstrap(n_bootstrap)
     table = validate_table(table)
     dup_warn: list[str] = []
     table = _screened_runs(table, dup_warn)

@@ -78,6 +78,16 @@ def test_duplicated_runs_rejected_by_the_api():
         forecast_target(t, TargetSpec(name="x", params_active=1e9, tokens=2e10))
 
 
+@pytest.mark.parametrize("n_bootstrap", [-3, 2.5, True])
+def test_a_number_of_refits_that_is_not_one_is_named(n_bootstrap):
+    """-3 used to reach numpy as `negative dimensions are not allowed`."""
+    t = _surface_table([1e8, 2e8, 4e8], [1e9, 4e9, 1.6e10])
+    with pytest.raises(ValueError, match=r"n_bootstrap is a number of refits, 0 or more; got"):
+        forecast_target(t, TargetSpec(name="x", params_active=1e9, tokens=2e10), n_bootstrap=n_bootstrap)
+    with pytest.raises(ValueError, match=r"n_bootstrap is a number of refits"):
+        fit_ladder(t, n_bootstrap=n_bootstrap)
+
+
 def test_a_fit_that_does_not_converge_is_an_error_not_a_number():
     rng = np.random.default_rng(0)
     n = np.repeat([1e8, 2e8, 4e8], 4)

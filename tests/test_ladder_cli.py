@@ -91,6 +91,14 @@ def test_a_run_the_reader_left_out_is_named_on_the_command_line(tmp_path):
     assert "warning: runs: run(s) 'n3e+07-t10' hold no loss value in any row: left out" in result.output
 
 
+def test_a_negative_number_of_refits_is_refused_by_every_command_that_takes_one(tmp_path):
+    table = _chinchilla_table(tmp_path / "runs.csv")
+    for args in (["fit", table], ["forecast", table, "--params-active", "1e9", "--tokens", "2e10"],
+                 ["backtest", table, "--forecast-largest", "1"]):
+        result = runner.invoke(app, args + ["--n-bootstrap", "-3"])
+        assert result.exit_code == 2 and "--n-bootstrap" in result.output, result.output
+
+
 def test_forecast_on_a_table_needs_a_target_description(tmp_path):
     table = _chinchilla_table(tmp_path / "runs.csv")
     result = runner.invoke(app, ["forecast", table])
