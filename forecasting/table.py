@@ -25,7 +25,8 @@ A column may be absent when the law being fitted does not need it; `validate_tab
 says which are needed and fails with a message that names the missing column, the bad run and step.
 Rules checked: no NaN/inf and no non-positive loss/tokens/flops/params; unique_tokens positive and finite where
 given; no duplicated (run, step) rows; steps are integers. Loaders: `read_table_file` (CSV/parquet; W&B history
-names such as `_step`, `eval/loss`, `optim/learning_rate` are mapped), `from_run_dirs` (ladder run directories:
+names such as `_step`, `eval/loss`, `optim/learning_rate` are mapped; a run's eval rows are read where it logs both
+splits, and what is left out is named in a LeftOutWarning: `forecasting.external.tidy_table`), `from_run_dirs` (ladder run directories:
 spec.json + metrics.jsonl, fsspec URLs allowed), `from_records` (tables built in code).
 """
 
