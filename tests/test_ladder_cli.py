@@ -209,8 +209,8 @@ def test_forecast_on_a_table_takes_a_schedule(tmp_path):
 
 
 def test_the_printed_curve_is_read_at_fractions_of_the_run_not_every_kth_of_its_log_spaced_points():
-    """A forecast's curve is spaced evenly in log steps: every 10th point put 6 of 11 rows in the first 10% of a
-    2,479-step run (steps 2, 20, 44, 95, 191, 367, ...)."""
+    """A forecast's curve is spaced evenly in log steps: every 10th point put 5 of 12 rows in the first 10% of a
+    2,479-step run (steps 2, 20, 44, 95, 191, then 367, ...)."""
     from types import SimpleNamespace
 
     from ladder.cli import CURVE_ROW_FRACTIONS, _curve_rows
