@@ -294,7 +294,7 @@ def choose_method(table: pd.DataFrame) -> str:
     """matched_progress for ladders of whole curves, else chinchilla (N, D vary), else compute; the data-constrained
     or MoE law instead of any of them where the ladder varies unique tokens or total parameters among runs that law
     cannot tell apart (`final_laws.hidden_column_blind_spot`) and the reading law can be fitted."""
-    final = bt._final_points(table)
+    final = fl.final_points(table)
     if _n_grid_runs(table) >= 3:
         law = "matched_progress"
     elif {"params_active", "tokens"} <= set(final.columns) and len(final) >= 6 and final["params_active"].nunique() >= 2:
@@ -318,7 +318,7 @@ def choose_method(table: pd.DataFrame) -> str:
 
 
 def _final_table(table: pd.DataFrame, warn: list[str]) -> pd.DataFrame:
-    final = bt._final_points(table)
+    final = fl.final_points(table)
     fl.note_unfinished(table, final, warn)
     return final
 
@@ -345,7 +345,7 @@ def fit_ladder(table: pd.DataFrame, *, law: str = "auto", n_bootstrap: int = 200
     table = _screened_runs(table, warn)
     law = choose_method(table) if law == "auto" else law
     if law in ("overtrain", "farseer", "moe", "data_constrained") or (
-        law == "chinchilla" and fl.tokens_per_param_spread(bt._final_points(table)) < fl.MIN_RATIO_SPREAD
+        law == "chinchilla" and fl.tokens_per_param_spread(fl.final_points(table)) < fl.MIN_RATIO_SPREAD
     ):
         return _fit_ladder_surface(table, law, n_bootstrap, seed, warn)
     if law == "chinchilla":

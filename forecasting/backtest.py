@@ -170,13 +170,6 @@ def rate_by_fraction(errors: list[tuple[np.ndarray, np.ndarray, float]], grid: n
 FINISHED = 0.99  # a run whose last logged point is at 99% of its planned steps counts as finished
 
 
-def _final_points(table: pd.DataFrame) -> pd.DataFrame:
-    last = table.sort_values("step").groupby("run").tail(1)
-    if "fraction" in last.columns:
-        last = last[last["fraction"] >= FINISHED]
-    return last
-
-
 def backtest_prefix(
     table: pd.DataFrame,
     *,
