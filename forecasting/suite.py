@@ -9,7 +9,10 @@ method list is read from `forecasting.api.METHODS` at run time, plus "auto"), an
 held-out point: relative error, whether the 95% band covers it, and the band's relative half-width.
 Two data sets are over-training splits of others (`*_overtrained`: fit the runs near compute-optimal, predict
 the over-trained ones), because a hero trained far beyond its ladder's tokens per parameter extrapolates in
-D/N, which a leave-largest-out split does not test.
+D/N, which a leave-largest-out split does not test. Five are two-step splits of others (`*_far`: the runs one
+step below the largest, a size or a budget, are in neither the fit nor the targets), because a hero sits further
+beyond its ladder than one step: Marin's is 2.5 decades of compute beyond its largest rung, where a
+leave-largest-out split predicts 0.3 to 0.7 decades out, and a law or a band that holds one step out can fail two.
 
 Scoring, per held-out point (step s, actual loss y), with (p, lo, hi) the forecast there:
     rel error  = p / y - 1
@@ -75,6 +78,7 @@ REFIT_PREFIXES = (0.1, 0.2, 0.4)
 DATASETS = (
     "chinchilla", "chinchilla_overtrained", "steplaw_dense", "steplaw_dense_overtrained", "steplaw_moe", "multipower",
     "marin", "porian", "hh_datablations", "hh_opt", "hh_olmo", "hh_k2",
+    "chinchilla_far", "steplaw_dense_far", "steplaw_moe_far", "marin_far", "porian_far",
 )
 # Over-training splits (Gadre et al. 2024's setup): fit the runs at up to OVERTRAIN_FIT_MAX tokens per parameter,
 # predict every run at OVERTRAIN_PREDICT_MIN or more: an extrapolation in D/N alone, the one an over-trained hero needs.
@@ -479,6 +483,40 @@ def splits_steplaw_moe(cap: int = MAX_TARGETS) -> list[Split]:
     return [_leave_out("steplaw_moe", "largest Na", t, t.loc[t["params_active"] == t["params_active"].max(), "run"], cap=cap)]
 
 
+def _two_steps_out(dataset: str, name: str, table: pd.DataFrame, step: pd.Series, *, group: str = "",
+                   cap: int = MAX_TARGETS) -> Split:
+    """Fit the runs below the second-largest value of `step` (a size or a budget per run), predict the runs at the
+    largest; the runs at the second-largest are in neither."""
+    levels = np.sort(step.unique())
+    if len(levels) < 3:
+        raise ValueError(f"{dataset} {name}: a two-step split needs at least 3 levels (the lowest to fit); got {len(levels)}")
+    kept = table[step != levels[-2]]
+    return _leave_out(dataset, name, kept, kept.loc[step[kept.index] == levels[-1], "run"], group=group, cap=cap)
+
+
+def splits_chinchilla_far(cap: int = MAX_TARGETS) -> list[Split]:
+    """The Chinchilla split two steps out: fit the smallest ~60% of distinct sizes, predict the largest ~20% (the
+    sizes between are in neither)."""
+    t = load_chinchilla()
+    size = _distinct_sizes(t["params_active"])
+    sizes = np.sort(size.unique())
+    top, middle = sizes[-max(1, int(math.ceil(0.2 * len(sizes))))], sizes[-max(2, int(math.ceil(0.4 * len(sizes))))]
+    band = pd.Series(np.where(size >= top, 2, np.where(size >= middle, 1, 0)), index=t.index)
+    return [_two_steps_out("chinchilla_far", "fit the smallest 60% of sizes, predict the largest 20%", t, band, cap=cap)]
+
+
+def splits_steplaw_dense_far(cap: int = MAX_TARGETS) -> list[Split]:
+    """Best run per (N, D); fit the three smaller N, predict the largest N's runs (the second largest in neither)."""
+    t = steplaw_best(load_steplaw_dense(), ["params_active", "tokens"])
+    return [_two_steps_out("steplaw_dense_far", "fit all but the two largest N, predict the largest", t, t["params_active"], cap=cap)]
+
+
+def splits_steplaw_moe_far(cap: int = MAX_TARGETS) -> list[Split]:
+    """Best run per configuration; fit the two smaller active sizes, predict the largest Na's runs."""
+    t = steplaw_best(load_steplaw_moe(), ["params_total", "params_active", "tokens", "topk", "experts"])
+    return [_two_steps_out("steplaw_moe_far", "fit all but the two largest Na, predict the largest", t, t["params_active"], cap=cap)]
+
+
 MPL_TRAIN = ("cosine_24000", "constant_24000", "wsdcon_9")
 
 
@@ -505,6 +543,20 @@ def splits_marin(hero: bool = True) -> list[Split]:
         h = HeldOut(run=hero_target.name, target=hero_target, points=_thin(observed[["step", "loss"]]))
         out.append(Split("marin", "fit all rungs, predict the hero", table, (h,)))
     return out
+
+
+def splits_marin_far() -> list[Split]:
+    """Fit d768/d1024/d1536 (d2048 in neither), predict the hero's logged evals."""
+    table, hero_target, observed = load_marin()
+    h = HeldOut(run=hero_target.name, target=hero_target, points=_thin(observed[["step", "loss"]]))
+    return [Split("marin_far", "fit d768-d1536, predict the hero", validate_table(table[table["run"] != "d2048"].reset_index(drop=True)), (h,))]
+
+
+def splits_porian_far(cap: int = MAX_TARGETS, configs: Sequence[str] | None = None) -> list[Split]:
+    """Per configuration: fit the runs of every budget below the second largest, predict the runs at the largest."""
+    t = load_porian()
+    return [_two_steps_out("porian_far", cfg, rows, rows["flops"], group=cfg, cap=cap)
+            for cfg, rows in ((c, t[t["config"] == c]) for c in (sorted(t["config"].unique()) if configs is None else configs))]
 
 
 def splits_porian(cap: int = MAX_TARGETS, configs: Sequence[str] | None = None) -> list[Split]:
@@ -582,6 +634,11 @@ def all_splits(datasets: Sequence[str] = DATASETS, *, quick: bool = False) -> li
         "hh_opt": lambda: splits_opt(cap=cap),
         "hh_olmo": lambda: splits_olmo(runs=["OLMo-7B"], prefixes=(0.2,)) if quick else splits_olmo(),
         "hh_k2": lambda: splits_k2(prefixes=(0.2,)) if quick else splits_k2(),
+        "chinchilla_far": lambda: splits_chinchilla_far(cap=cap),
+        "steplaw_dense_far": lambda: splits_steplaw_dense_far(cap=cap),
+        "steplaw_moe_far": lambda: splits_steplaw_moe_far(cap=cap),
+        "marin_far": splits_marin_far,
+        "porian_far": lambda: splits_porian_far(cap=cap, configs=["rw_base_short_kaplan_standard_val"]) if quick else splits_porian_far(),
     }
     out: list[Split] = []
     for d in DATASETS:

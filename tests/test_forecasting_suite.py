@@ -94,6 +94,21 @@ def test_splits_never_leak_held_out_runs_into_the_train_table(splits):
             assert min(h.target.tokens / h.target.params_active for h in s.targets) >= suite.OVERTRAIN_PREDICT_MIN
 
 
+def test_two_step_splits_leave_out_exactly_the_step_below_their_targets(splits):
+    """A `_far` split predicts what its one-step sibling predicts from that sibling's ladder less the step just below
+    the targets (a size, a budget or Marin's d2048): every run it drops lies above everything it still fits."""
+    for far in (s for s in splits if s.dataset.endswith("_far")):
+        base = far.dataset.removesuffix("_far")
+        near = next(s for s in splits if s.dataset == base and s.group == far.group and {h.run for h in s.targets} == {h.run for h in far.targets})
+        dropped = near.train[~near.train["run"].isin(far.train["run"])]
+        assert set(far.train["run"]) < set(near.train["run"]), far.name
+        column = "flops" if base == "porian" else "params_active"
+        assert dropped[column].min() > far.train[column].max(), far.name
+        assert dropped[column].max() <= min(getattr(h.target, "total_flops" if base == "porian" else "params_active") for h in far.targets)
+    assert {s.dataset for s in splits if s.dataset.endswith("_far")} == {"chinchilla_far", "steplaw_dense_far", "steplaw_moe_far",
+                                                                         "marin_far", "porian_far"}
+
+
 def test_multipower_targets_carry_their_own_schedule(splits):
     s = next(s for s in splits if s.dataset == "multipower" and s.group == "csv_25")
     assert {h.run.split("/")[1] for h in s.targets} == {"constant_72000", "cosine_72000", "wsd_20000_24000",
