@@ -179,21 +179,26 @@ def _leave_out(dataset: str, name: str, table: pd.DataFrame, held: Sequence[str]
     return Split(dataset, name, validate_table(train), _held_out(table, sorted(held), lr=lr, cap=cap), group)
 
 
-def leave_largest_out(table: pd.DataFrame, n_held: int = 1, *, dataset: str = "this table") -> Split:
-    """A user's own ladder as a suite split: its `n_held` largest finished runs by compute held out, the rest the
-    ladder. What `ladder backtest TABLE --forecast-largest N` scores: each method's whole forecast, band included, of
-    runs the user has the answer to, made as it would have been made one rung (or N) earlier."""
+def leave_largest_out(table: pd.DataFrame, n_held: int = 1, *, skip: int = 0, dataset: str = "this table") -> Split:
+    """A user's own ladder as a suite split: its `n_held` largest finished runs by compute held out, the `skip`
+    finished runs just below them in neither the fit nor the targets, the rest the ladder. What `ladder backtest TABLE
+    --forecast-largest N [--skip K]` scores: each method's whole forecast, band included, of runs the user has the
+    answer to, made as it would have been made one rung (or N) earlier, and with `skip` from K rungs further back, as
+    a hero sits further beyond its ladder than one rung (the public suite's `*_far` splits)."""
     from forecasting.final_laws import final_points
 
     table = validate_table(table)
     finished = final_points(table)
     compute = run_compute(table)
     order = sorted(finished["run"].astype(str), key=lambda r: (compute[r], r))
-    if n_held < 1 or len(order) - n_held < 3:
-        raise ValueError(f"holding out the {n_held} largest of {len(order)} finished run(s) leaves fewer than three to fit: "
-                         "give a number from 1 to the finished runs minus three")
-    held = order[-n_held:]
-    return _leave_out(dataset, f"fit {len(order) - n_held} run(s), predict the {n_held} largest", table, held, cap=n_held)
+    if n_held < 1 or skip < 0 or len(order) - n_held - skip < 3:
+        raise ValueError(f"holding out the {n_held} largest of {len(order)} finished run(s)"
+                         f"{f' and leaving out the {skip} below them' if skip else ''} leaves fewer than three to fit: "
+                         "give numbers whose sum is at most the finished runs minus three")
+    held, skipped = order[-n_held:], order[len(order) - n_held - skip:len(order) - n_held]
+    kept = table[~table["run"].isin(skipped)]
+    name = f"fit {len(order) - n_held - skip} run(s), predict the {n_held} largest" + (f" ({skip} between left out)" if skip else "")
+    return _leave_out(dataset, name, kept, held, cap=n_held)
 
 
 # ---------------------------------------------------------------- loaders

@@ -950,6 +950,9 @@ def backtest(
     forecast_largest: int = typer.Option(0, "--forecast-largest", help="Also forecast the N largest finished runs from the "
                                          "others, as the method would have before they ran, and score each forecast and its "
                                          "95% band on their final loss and every eval (0: off)."),
+    skip: int = typer.Option(0, "--skip", min=0, help="With --forecast-largest: leave out the K finished runs just below "
+                             "the held-out ones too (neither fitted nor scored), so each forecast is made K rungs further "
+                             "out, as a hero sits further beyond its ladder than one rung."),
 ) -> None:
     """How wrong a method is on this ladder: fit the smaller runs (or a curve's prefix), predict the rest.
 
@@ -965,10 +968,12 @@ def backtest(
         return
     if source is None:
         _fail("give an experiment or a table of runs to backtest, or --suite for the public backtest suite.")
+    if skip and not forecast_largest:
+        _fail("--skip leaves out the runs just below those --forecast-largest holds out: give --forecast-largest N too.")
     try:
         table = _source_table(source, root, select, best_of_sweep)
         report = api.backtest(table, method=method)
-        largest = _forecast_largest(table, method, forecast_largest, n_bootstrap) if forecast_largest else None
+        largest = _forecast_largest(table, method, forecast_largest, n_bootstrap, skip) if forecast_largest else None
     except typer.Exit:
         raise
     except Exception as error:  # noqa: BLE001
@@ -988,15 +993,16 @@ def backtest(
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     if largest is not None:
-        _print_forecast_largest(largest, method)
+        _print_forecast_largest(largest, method, skip)
 
 
-def _forecast_largest(table, method: str, n_held: int, n_bootstrap: int) -> list[dict]:
-    """Each of the n largest finished runs forecast from the others (`forecasting.suite.leave_largest_out`): the
-    forecast at the run's last eval against the actual, and over every eval its MAE and band coverage."""
+def _forecast_largest(table, method: str, n_held: int, n_bootstrap: int, skip: int = 0) -> list[dict]:
+    """Each of the n largest finished runs forecast from the others, less the `skip` just below them
+    (`forecasting.suite.leave_largest_out`): the forecast at the run's last eval against the actual, and over every
+    eval its MAE and band coverage."""
     from forecasting import suite as public_suite
 
-    split = public_suite.leave_largest_out(table, n_held)
+    split = public_suite.leave_largest_out(table, n_held, skip=skip)
     res = public_suite.run_suite([split], [method], n_bootstrap=n_bootstrap, timeout_s=None)
     rows = []
     for _, st in res.statuses.iterrows():
@@ -1012,8 +1018,9 @@ def _forecast_largest(table, method: str, n_held: int, n_bootstrap: int) -> list
     return rows
 
 
-def _print_forecast_largest(rows: list[dict], method: str) -> None:
-    view = Table(title=f"{method} forecasts of the largest runs from the others (95% band)")
+def _print_forecast_largest(rows: list[dict], method: str, skip: int = 0) -> None:
+    below = f", the {skip} just below them left out" if skip else ""
+    view = Table(title=f"{method} forecasts of the largest runs from the others{below} (95% band)")
     for column in ("run", "method", "last eval", "predicted [band]", "actual", "error", "in band", "evals: MAE, in band"):
         view.add_column(column)
     for r in rows:

@@ -335,3 +335,28 @@ def test_ladder_backtest_forecasts_the_largest_runs_of_a_users_table_from_the_ot
     assert too_many.exit_code != 0 and "leaves fewer than three to fit" in too_many.output
     with_suite = runner.invoke(app, ["backtest", "--suite", "--forecast-largest", "1"])
     assert with_suite.exit_code == 2 and "scores a ladder of your own" in with_suite.output
+
+
+def test_forecast_largest_can_skip_the_runs_just_below_the_held_out_ones(tmp_path):
+    """`--skip K`: the forecast of the largest runs made K rungs further out (the runs between neither fitted nor
+    scored), refused when fewer than three runs would be left to fit or without --forecast-largest."""
+    from typer.testing import CliRunner
+
+    from ladder import cli
+
+    table = ladder_curves([6e3, 1e4, 1.4e4, 2e4, 2.8e4], 8.0, evals=20)
+    split = suite.leave_largest_out(table, 1, skip=1)
+    assert sorted(split.train["run"].unique()) == ["r0", "r1", "r2"] and [h.run for h in split.targets] == ["r4"]
+    assert "1 between left out" in split.name
+    with pytest.raises(ValueError, match="leaves fewer than three to fit"):
+        suite.leave_largest_out(table, 1, skip=2)
+    near, far = (cli._forecast_largest(table, "auto", 1, 5, skip)[0] for skip in (0, 1))
+    assert near["run"] == far["run"] == "r4" and near["status"] == far["status"] == "ok"
+    assert far["predicted"] != near["predicted"] and far["hi"] - far["lo"] > near["hi"] - near["lo"]  # further out, wider
+    path = tmp_path / "runs.csv"
+    table.to_csv(path, index=False)
+    runner = CliRunner()
+    text = runner.invoke(cli.app, ["backtest", str(path), "--forecast-largest", "1", "--skip", "1", "--n-bootstrap", "5"])
+    assert text.exit_code == 0 and "the 1 just below them left out" in text.stdout and "r4" in text.stdout
+    alone = runner.invoke(cli.app, ["backtest", str(path), "--skip", "1"])
+    assert alone.exit_code == 2 and "give --forecast-largest N too" in alone.output
