@@ -479,6 +479,8 @@ def _no_two_losses_at_one_step(out: pd.DataFrame) -> None:
     loss = pd.to_numeric(out["loss"], errors="coerce")
     key = ["run", "step"] + (["split"] if "split" in out.columns else [])
     rows = out.assign(loss=loss)[np.isfinite(loss.to_numpy(float))]
+    if not rows.duplicated(key).any():  # one loss per step (every file but a long table with repeats): nothing to group
+        return
     counts = rows.groupby(key, sort=True)["loss"].nunique()
     if (counts > 1).any():
         where = counts[counts > 1].index[0]
