@@ -15,6 +15,7 @@ a confident number silently.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -279,7 +280,8 @@ def fit_chinchilla(
         objective=float(best.fun) * delta,
         converged=converged,
         n_points=int(len(y)),
-        message=str(best.message) + ("" if sane else " (parameters left the plausible region)"),
+        message=str(best.message) if sane else (f"its optimum lies outside the plausible region (alpha {alpha:.3g}, beta {beta:.3g}, "
+                                                f"E {math.exp(min(e, 700.0)):.3g}; the solver said: {best.message})"),
     )
     return law, diag
 

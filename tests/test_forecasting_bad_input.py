@@ -94,8 +94,9 @@ def test_a_fit_that_does_not_converge_is_an_error_not_a_number():
     d = np.tile([1e9, 2e9, 4e9, 8e9], 3)
     t = pd.DataFrame({"run": [f"r{i}" for i in range(12)], "step": 1, "loss": np.exp(rng.normal(1, 0.3, 12)),
                       "params_active": n, "tokens": d})
-    with pytest.raises(FitError, match="did not converge"):
+    with pytest.raises(FitError, match="did not converge: its optimum lies outside the plausible region") as error:
         fit_ladder(t, law="chinchilla", n_bootstrap=5)
+    assert "alpha" in str(error.value) and "the solver said" in str(error.value)
 
 
 def test_far_extrapolation_from_a_noisy_small_ladder_gets_a_wide_band():
