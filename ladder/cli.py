@@ -947,7 +947,7 @@ def backtest(
     markdown: Optional[str] = typer.Option(None, "--markdown", help="With --suite: also write the report to this file."),
     select: Optional[list[str]] = typer.Option(None, "--where", help=WHERE_HELP),
     best_of_sweep: bool = typer.Option(False, "--best-of-sweep", help=SWEEP_HELP),
-    forecast_largest: int = typer.Option(0, "--forecast-largest", help="Also forecast the N largest finished runs from the "
+    forecast_largest: int = typer.Option(0, "--forecast-largest", min=0, help="Also forecast the N largest finished runs from the "
                                          "others, as the method would have before they ran, and score each forecast and its "
                                          "95% band on their final loss and every eval (0: off)."),
     skip: int = typer.Option(0, "--skip", min=0, help="With --forecast-largest: leave out the K finished runs just below "

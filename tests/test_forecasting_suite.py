@@ -360,3 +360,6 @@ def test_forecast_largest_can_skip_the_runs_just_below_the_held_out_ones(tmp_pat
     assert text.exit_code == 0 and "the 1 just below them left out" in text.stdout and "r4" in text.stdout
     alone = runner.invoke(cli.app, ["backtest", str(path), "--skip", "1"])
     assert alone.exit_code == 2 and "give --forecast-largest N too" in alone.output
+    for option in ("--skip", "--forecast-largest"):  # a negative count is refused by name, before anything is fitted
+        negative = runner.invoke(cli.app, ["backtest", str(path), "--forecast-largest", "1", option, "-1"])
+        assert negative.exit_code == 2 and option in negative.output
