@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from forecasting.fitting import FitError
+from forecasting.fitting import FitError, MissingColumnsError
 from forecasting.forecast import BacktestResult, HeldOutRun
 from forecasting.matched_progress import fit_profiled
 from forecasting.refit import fit_curve, lr_per_step, schedule_features
@@ -33,7 +33,9 @@ def last_points(table: pd.DataFrame) -> pd.DataFrame:
     elif {"params_active", "tokens"} <= set(last.columns):
         last["run_flops"] = 6 * last["params_active"] * last["tokens"] / frac
     else:
-        raise FitError("a ladder's laws need flops, or params_active and tokens, per run")
+        missing = tuple(c for c in ("flops", "params_active", "tokens") if c not in last.columns)
+        raise MissingColumnsError(f"a ladder's laws need flops, or params_active and tokens, per run; the table has no "
+                                  f"{', '.join(map(repr, missing))}", missing)
     if "tokens" in last.columns:
         last["run_tokens"] = last["tokens"] / frac
     return last.sort_values(["run_flops", "run"], kind="stable").reset_index(drop=True)

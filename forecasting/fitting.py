@@ -31,6 +31,15 @@ class FitError(ValueError):
     """Raised when a law cannot be fitted honestly (too little data, no convergence, degenerate)."""
 
 
+class MissingColumnsError(FitError):
+    """A FitError because the table lacks columns every law needs; `columns` names them as the table contract does,
+    so a caller can say where to get them (the CLI: `ladder import`, whose step spec supplies them)."""
+
+    def __init__(self, message: str, columns: tuple[str, ...]):
+        super().__init__(message)
+        self.columns = tuple(columns)
+
+
 @dataclass(frozen=True)
 class FitDiagnostics:
     objective: float  # Huber sum (unscaled) at the optimum

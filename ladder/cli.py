@@ -604,8 +604,12 @@ def _target_option_error(error) -> str:
 
 
 def _forecasting_error(error: Exception) -> None:
+    from forecasting.fitting import MissingColumnsError
     from forecasting.table import COLUMNS
 
+    if isinstance(error, MissingColumnsError):  # a table exported from another trainer, without the runs' sizes
+        _fail(f"{error}; add them, or register each run with `ladder import EXP STEP SOURCE`, whose step spec supplies "
+              "params, tokens and FLOPs.")
     column = error.args[0] if isinstance(error, KeyError) and error.args else None
     if column in COLUMNS:  # a law reached for a column the table does not have (a table exported from another trainer)
         _fail(f"the table has no {column!r} column, which this law needs; add it, or register each run with "

@@ -58,6 +58,14 @@ def test_a_missing_table_exits_2_and_names_it(tmp_path):
     assert f"{path} does not exist" in line
 
 
+@pytest.mark.parametrize("command", ["fit", "backtest"])
+def test_a_table_without_sizes_or_flops_names_what_it_lacks_and_where_to_get_them(tmp_path, command):
+    path = tmp_path / "losses_only.csv"
+    pd.DataFrame({"run": list("aabbcc"), "step": [1, 2] * 3, "loss": [3.0, 2.9, 2.8, 2.7, 2.6, 2.5]}).to_csv(path, index=False)
+    line = _one_line_error(runner.invoke(app, [command, str(path)]))
+    assert "'flops', 'params_active', 'tokens'" in line and "ladder import EXP STEP SOURCE" in line
+
+
 def test_a_negative_target_option_is_one_sentence(tmp_path):
     path = tmp_path / "good.csv"
     pd.DataFrame({"run": ["a", "b", "c"], "step": [1, 1, 1], "loss": [3.0, 2.9, 2.8],
