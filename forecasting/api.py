@@ -54,7 +54,7 @@ from forecasting import blend
 from forecasting import final_laws as fl
 from forecasting.selection import backtest_matched_progress, matched_progress_refusal, n_curve_runs, select_method
 from forecasting.bootstrap import Interval, percentile_interval, run_weights
-from forecasting.fitting import FitError, fit_chinchilla, fit_compute_law
+from forecasting.fitting import FitError, MissingColumnsError, fit_chinchilla, fit_compute_law
 from forecasting.forecast import Z95, BacktestResult, CurvePoint, Forecast, TargetSpec, fingerprint_table, log_sigma
 from forecasting.matched_progress import early_extension_error, fit_profiled
 from forecasting.refit import fit_curve, schedule_features
@@ -294,7 +294,12 @@ def choose_method(table: pd.DataFrame) -> str:
     """matched_progress for ladders of whole curves, else chinchilla (N, D vary), else compute; the data-constrained
     or MoE law instead of any of them where the ladder varies unique tokens or total parameters among runs that law
     cannot tell apart (`final_laws.hidden_column_blind_spot`) and the reading law can be fitted."""
-    final = fl.final_points(table)
+    try:
+        final = fl.final_points(table)
+    except MissingColumnsError:
+        # neither flops nor sizes: no law can be fitted, and the compute law's fit says which columns it lacks; a
+        # backtest can still score the runs' curves against their own prefixes (steps and losses are all it reads)
+        return "compute"
     if _n_grid_runs(table) >= 3:
         law = "matched_progress"
     elif {"params_active", "tokens"} <= set(final.columns) and len(final) >= 6 and final["params_active"].nunique() >= 2:

@@ -58,12 +58,20 @@ def test_a_missing_table_exits_2_and_names_it(tmp_path):
     assert f"{path} does not exist" in line
 
 
-@pytest.mark.parametrize("command", ["fit", "backtest"])
-def test_a_table_without_sizes_or_flops_names_what_it_lacks_and_where_to_get_them(tmp_path, command):
+def test_a_table_without_sizes_or_flops_names_what_it_lacks_and_still_backtests_its_curves(tmp_path):
+    """No law can be fitted without flops or sizes: `fit` says which columns and where to get them; `backtest` still
+    scores each curve against its own prefix (steps and losses are all that reads) and names what the laws lack."""
     path = tmp_path / "losses_only.csv"
-    pd.DataFrame({"run": list("aabbcc"), "step": [1, 2] * 3, "loss": [3.0, 2.9, 2.8, 2.7, 2.6, 2.5]}).to_csv(path, index=False)
-    line = _one_line_error(runner.invoke(app, [command, str(path)]))
+    steps = list(range(100, 1300, 100))
+    pd.DataFrame([{"run": run, "step": s, "loss": 2.0 + scale * s ** -0.3} for run, scale in (("a", 9.0), ("b", 8.0), ("c", 7.0))
+                  for s in steps]).to_csv(path, index=False)
+    line = _one_line_error(runner.invoke(app, ["fit", str(path)]))
     assert "'flops', 'params_active', 'tokens'" in line and "ladder import EXP STEP SOURCE" in line
+    report = runner.invoke(app, ["backtest", str(path), "--json"])
+    assert report.exit_code == 0, report.output
+    doc = json.loads(report.stdout)
+    assert [r["kind"] for r in doc["results"]] == ["prefix"]
+    assert any("'flops', 'params_active', 'tokens'" in w for w in doc["warnings"])
 
 
 def test_a_negative_target_option_is_one_sentence(tmp_path):
