@@ -48,7 +48,7 @@ import pandas as pd
 
 from forecasting import final_laws as fl
 from forecasting.backtest import held_out_run, last_points
-from forecasting.fitting import FitError
+from forecasting.fitting import FitError, MissingColumnsError
 from forecasting.forecast import TargetSpec
 from forecasting.matched_progress import fit_profiled
 
@@ -127,6 +127,8 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
         return "multipower", cands, warn
     try:
         final = fl.final_points(table)
+    except MissingColumnsError:
+        raise  # no flops and no sizes: no candidate can be fitted, and the columns are what to say
     except FitError:
         final = None
     tp = fl.target_point(target)

@@ -59,14 +59,16 @@ def test_a_missing_table_exits_2_and_names_it(tmp_path):
 
 
 def test_a_table_without_sizes_or_flops_names_what_it_lacks_and_still_backtests_its_curves(tmp_path):
-    """No law can be fitted without flops or sizes: `fit` says which columns and where to get them; `backtest` still
+    """No law can be fitted without flops or sizes: `fit` and `forecast` say which columns and where to get them
+    (`forecast` said "cannot fit any law: 3 run(s); need >= 3 runs with curves", which these are); `backtest` still
     scores each curve against its own prefix (steps and losses are all that reads) and names what the laws lack."""
     path = tmp_path / "losses_only.csv"
     steps = list(range(100, 1300, 100))
     pd.DataFrame([{"run": run, "step": s, "loss": 2.0 + scale * s ** -0.3} for run, scale in (("a", 9.0), ("b", 8.0), ("c", 7.0))
                   for s in steps]).to_csv(path, index=False)
-    line = _one_line_error(runner.invoke(app, ["fit", str(path)]))
-    assert "'flops', 'params_active', 'tokens'" in line and "ladder import EXP STEP SOURCE" in line
+    for command in (["fit", str(path)], ["forecast", str(path), "--params-active", "1e9", "--tokens", "2e10"]):
+        line = _one_line_error(runner.invoke(app, command))
+        assert "'flops', 'params_active', 'tokens'" in line and "ladder import EXP STEP SOURCE" in line, command
     report = runner.invoke(app, ["backtest", str(path), "--json"])
     assert report.exit_code == 0, report.output
     doc = json.loads(report.stdout)
