@@ -267,7 +267,9 @@ def test_sigkill_mid_run_then_restart_reproduces_losses_bitwise(reference_run, t
     assert 25 <= killed_at < NUM_STEPS
 
     result = train(tiny_job(), run_dir)
-    assert result.completed and result.resumed_from_step in (20, 30)
+    # the newest finished checkpoint: 20 or 30, or 10 when the kill lands while step 20's asynchronous save is still
+    # being written (seen on a loaded 2-core host: killed at step 25+, resumed from 10); never from scratch
+    assert result.completed and result.resumed_from_step in (10, 20, 30) and result.resumed_from_step <= killed_at
     assert train_losses(run_dir) == reference  # every step, bit for bit
 
 
