@@ -35,7 +35,7 @@ def last_points(table: pd.DataFrame) -> pd.DataFrame:
     else:
         missing = tuple(c for c in ("flops", "params_active", "tokens") if c not in last.columns)
         raise MissingColumnsError(f"a ladder's laws need flops, or params_active and tokens, per run; the table has no "
-                                  f"{', '.join(map(repr, missing))}", missing)
+                                  f"{', '.join(map(repr, missing))}")
     if "tokens" in last.columns:
         last["run_tokens"] = last["tokens"] / frac
     return last.sort_values(["run_flops", "run"], kind="stable").reset_index(drop=True)

@@ -32,12 +32,8 @@ class FitError(ValueError):
 
 
 class MissingColumnsError(FitError):
-    """A FitError because the table lacks columns every law needs; `columns` names them as the table contract does,
-    so a caller can say where to get them (the CLI: `ladder import`, whose step spec supplies them)."""
-
-    def __init__(self, message: str, columns: tuple[str, ...]):
-        super().__init__(message)
-        self.columns = tuple(columns)
+    """A FitError because the table lacks columns every law needs (its message names them), so a caller can say where
+    to get them (the CLI: `ladder import`, whose step spec supplies them)."""
 
 
 @dataclass(frozen=True)

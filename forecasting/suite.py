@@ -540,20 +540,24 @@ def splits_multipower(cap: int = MAX_TARGETS, sizes: Sequence[str] = tuple(MPL_S
     return out
 
 
+def _marin_hero() -> tuple[pd.DataFrame, HeldOut]:
+    """Marin's rung table and its hero as a held-out target (its logged evals)."""
+    table, hero_target, observed = load_marin()
+    return table, HeldOut(run=hero_target.name, target=hero_target, points=_thin(observed[["step", "loss"]]))
+
+
 def splits_marin(hero: bool = True) -> list[Split]:
     """Fit d768/d1024/d1536, predict d2048's curve (crashed at 80%); fit all four, predict the hero's logged evals."""
-    table, hero_target, observed = load_marin()
+    table, h = _marin_hero()
     out = [_leave_out("marin", "fit d768-d1536, predict d2048", table, ["d2048"])]
     if hero:
-        h = HeldOut(run=hero_target.name, target=hero_target, points=_thin(observed[["step", "loss"]]))
         out.append(Split("marin", "fit all rungs, predict the hero", table, (h,)))
     return out
 
 
 def splits_marin_far() -> list[Split]:
     """Fit d768/d1024/d1536 (d2048 in neither), predict the hero's logged evals."""
-    table, hero_target, observed = load_marin()
-    h = HeldOut(run=hero_target.name, target=hero_target, points=_thin(observed[["step", "loss"]]))
+    table, h = _marin_hero()
     return [Split("marin_far", "fit d768-d1536, predict the hero", validate_table(table[table["run"] != "d2048"].reset_index(drop=True)), (h,))]
 
 
