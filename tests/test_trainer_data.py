@@ -113,11 +113,19 @@ def test_validation_split_is_whole_documents_disjoint_from_train(tmp_path):
     assert counts["train"] + counts["validation"] == total
     assert 0.1 <= counts["validation"] / total <= 0.15
 
-    # eval batches: deterministic consecutive windows of the held-out tokens only
+    # eval batches: deterministic windows of the held-out tokens only, spread evenly over the whole split
     evals = data.eval_batches("topics", batch_size=4, num_batches=3)
     again = data.eval_batches("topics", batch_size=4, num_batches=3)
     assert len(evals) == 3 and all(np.array_equal(x, y) for x, y in zip(evals, again))
-    np.testing.assert_array_equal(evals[0][1], tokens.validation[SEQ : 2 * SEQ + 1])
+    windows = (len(tokens.validation) - 1) // SEQ
+    assert windows > 12, "the corpus must hold more held-out windows than asked for, or nothing is spread"
+    starts = [i * windows // 12 * SEQ for i in range(12)]
+    np.testing.assert_array_equal(np.concatenate(evals), [tokens.validation[s : s + SEQ + 1] for s in starts])
+    assert starts[-1] >= (windows - windows // 12 - 1) * SEQ  # the last batch reaches the end of the split
+    # asked for more windows than the split holds: every window in turn, then again from the first
+    every = np.concatenate(data.eval_batches("topics", batch_size=4, num_batches=windows // 4 + 2))
+    np.testing.assert_array_equal(every[:windows], [tokens.validation[w * SEQ : (w + 1) * SEQ + 1] for w in range(windows)])
+    np.testing.assert_array_equal(every[windows], tokens.validation[: SEQ + 1])
     with pytest.raises(KeyError, match="known sources"):
         data.eval_batches("nope", batch_size=4, num_batches=1)
 

@@ -503,7 +503,7 @@ class TrainConfig(Frozen):
         None, ge=1, description="Evaluate every n steps (and at the end); default: about DEFAULT_EVALS_PER_RUN evals per "
         "run (never more often than every MIN_DEFAULT_EVAL_INTERVAL steps), so every rung logs a curve a law can fit.",
     )
-    eval_batches: int = Field(4, ge=1, description="Validation batches per source per evaluation.")
+    eval_batches: int = Field(4, ge=1, description="Validation batches per source per evaluation, their windows spread evenly over the held-out split.")
     log_every: int = Field(10, ge=1, description="Write train metrics every n steps.")
     checkpoint_every: int | None = Field(200, ge=1, description="Checkpoint every n steps (and at the end).")
     checkpoint_every_seconds: float | None = Field(None, gt=0, description="Also checkpoint after this many seconds.")
