@@ -95,3 +95,25 @@ def test_a_law_whose_own_floor_draws_the_rungs_curves_worse_uses_the_collapse_fl
     assert f.band_terms["curve_floor"] < 0.5 * f.params["E"].value
     scored = suite.score_forecast(f, held)
     assert scored["rel_error"].abs().mean() < 0.05 and scored["covered"].mean() >= 0.9
+
+
+def test_a_shape_that_drifts_along_the_ladder_is_drawn_mostly_from_the_nearest_rung():
+    """Rungs half a decade of compute apart whose shapes drift steadily with size (reducible loss at progress g is
+    the final's times g^-p, p growing along the ladder), and a target half a decade beyond the largest: the drawn
+    shape lies within a fifth of the gap to the next rung of the nearest rung's own (the farther rungs, whose shapes
+    are further from the target's, have little say)."""
+    from forecasting.final_laws import schedule_offsets
+
+    steps, rows = 100, []
+    powers = [0.20, 0.30, 0.40, 0.50]
+    for i, p in enumerate(powers):
+        flops = 1e10 * 10 ** (0.5 * i)
+        for s in range(5, steps + 1, 5):
+            g = s / steps
+            rows.append({"run": f"r{i}", "step": s, "loss": 2.0 + 0.5 * g**-p, "fraction": g, "tokens": 1e6 * g,
+                         "flops": flops * g})
+    offsets = schedule_offsets(pd.DataFrame(rows), None, target_flops=1e10 * 10**2.0, floor=2.0)
+    g = np.array([0.25])
+    drawn = float(offsets.at(g)[0][0])
+    nearest, next_nearest = -powers[-1] * np.log(0.25), -powers[-2] * np.log(0.25)
+    assert abs(drawn - nearest) < 0.2 * abs(next_nearest - nearest)
