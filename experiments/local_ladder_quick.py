@@ -19,7 +19,10 @@ The rungs span 38x in compute and the hero is 5.9x the largest rung.
 Measured on this 2-core machine (shared with other jobs), from an empty store: `ladder submit
 experiments/local_ladder_quick.py` took 1m22s end to end including Ray's start (rungs and fit ~45 s,
 hero ~35 s); the fit forecast the hero at 1.6916 [1.2750, 2.1081] and it reached 1.6856 (-0.35%).
-`ladder demo --quick` on the finished store: 2-5 s (most of it the report and the figure).
+`ladder demo --quick` on the finished store: 2-5 s (most of it the report and the figure). On 2026-12-07 (AMD EPYC,
+`ladder demo --quick` from an empty store): 74 s, v1 1.8113 [1.3819, 2.3742], actual 1.6851 (-6.97% of the forecast)
+with the old eval windows (the first 32 of each source's held-out split); 74 s, v1 2.0354 [1.4967, 2.7681], actual
+1.9256 (-5.40%) with 32 windows spread over the split (the held-out loss the ladder now logs).
 
 Its rungs keep the first local recipe's growing depth (2 layers, hero 3), which the full ladder dropped
 (see experiments/local_ladder.py). Here a constant depth did not help: rungs of width 16/24/32/40 at 3
