@@ -50,6 +50,9 @@ def test_settings_that_change_what_is_learned_are_named_and_execution_settings_a
     for expected in ("optimizer.schedule.warmup 0.1", "train.batch_size 16 (every rung: 8)", "model.moe.num_experts 8 (every rung: 4)"):
         assert expected in warning, warning
     assert recipe_departures({"r16": rungs["r16"]}, "hero", changed) is None  # one rung shares nothing to compare
+    # a hero that reads other held-out windows than its rungs (a ladder finished before, a hero started after) is named
+    other_windows = _spec(64, lr=1.5e-3, train={"eval_windows": "first"})
+    assert "train.eval_windows first (every rung: spread)" in recipe_departures(rungs, "hero", other_windows)
     dense = _spec(64, lr=1.5e-3, model={"moe": None})  # a dense target of MoE rungs: the section, not its fields
     assert recipe_departures(rungs, "hero", dense).startswith("hero changes what its 3 rungs hold fixed: model.moe dense (every rung: MoE).")
 

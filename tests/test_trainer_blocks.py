@@ -298,16 +298,26 @@ def test_defaults_add_nothing_to_identity_or_params():
     assert identity_payload(on)["xsa"] is True  # a piece that is on is part of the identity
 
 
-# Fingerprints of the shipped experiments before the block pieces existed (a23780d^): they must not move. The local
-# ladder moved once on purpose since: 16 eval batches per source, not 4 (experiments/local_ladder.py, EVAL_BATCHES).
-SHIPPED_FINGERPRINTS = {
-    "experiments/local_ladder.py": {"r24": "87ce40403ab18ec7", "r32": "eaeb60b28d082e72", "r48": "a82c9a554dcca006",
-                                    "r64": "8a632146fee88fe7", "fit": "791b6a19b49b681e", "hero": "0e3db1085a56e8af"},
+# Fingerprints of the shipped experiments before the block pieces existed (a23780d^), which adding pieces must not
+# move; and what the eval windows moved on purpose (trainer.config.TrainConfig.eval_windows: every eval read the
+# split's first windows in a row before, and the local ladder read 4 batches per source, not 16).
+LEGACY_FINGERPRINTS = {
+    "experiments/local_ladder.py": {"r24": "9088dfa328f106d9", "r32": "02b6a4a4218f3959", "r48": "06ec2d73f83f3f04",
+                                    "r64": "363abdd1221cdc0e", "fit": "b3e45e99df5005c2", "hero": "7ee5046e8c17fe48"},
     "experiments/local_ladder_quick.py": {"q16": "46ba83d32e2cc418", "q24": "461d3000845fd8eb",
                                           "q32": "b3a691e32f9af744", "q48": "db3aa78ce12924ee",
                                           "fit": "454130b55dcc5c6b", "hero-quick": "38b8f99feb601513"},
     "experiments/readme_example.py": {"r32": "ee5ec30d74f6e3f9", "r48": "f5a391c30065815b", "r64": "d029546f81ec83a6",
                                       "fit": "21e7f55e31aa2254", "hero": "cb4d5cb939644d9d"},
+}
+SHIPPED_FINGERPRINTS = {
+    "experiments/local_ladder.py": {"r24": "f69468d525fe0b3f", "r32": "21e6936ebc63c974", "r48": "b4b9bfa4ef9c5a55",
+                                    "r64": "693d3b596892a6eb", "fit": "a2a550cf0dcd9c95", "hero": "7bd428206771a904"},
+    "experiments/local_ladder_quick.py": {"q16": "8829bd557e1582a2", "q24": "44c093fb5ca7c6e5",
+                                          "q32": "45b35a41c628255b", "q48": "c67bbb0fabff1ac5",
+                                          "fit": "cc0e5c67b54197c4", "hero-quick": "5cdfee524069672c"},
+    "experiments/readme_example.py": {"r32": "01a948da41871128", "r48": "3e062feef57c0fe2", "r64": "135f3a2ef7f40b61",
+                                      "fit": "fd36fa51cdd817fc", "hero": "97963abecfdea333"},
 }
 
 
@@ -317,6 +327,23 @@ def test_shipped_fingerprints_unchanged(path):
 
     dag = load_experiment(path).dag
     assert {name: fp[:16] for name, fp in dag.fingerprints.items()} == SHIPPED_FINGERPRINTS[path]
+
+
+@pytest.mark.parametrize("path", sorted(LEGACY_FINGERPRINTS))
+def test_a_ladder_started_before_the_spread_eval_windows_keeps_its_fingerprints_by_asking_for_the_first(path):
+    import dataclasses
+
+    from ladder.dag import DAG, TrainStep
+    from ladder.loader import load_experiment
+
+    def legacy(step):
+        if not isinstance(step, TrainStep):
+            return step
+        train = step.spec.train.model_copy(update={"eval_windows": "first", "eval_batches": 4})
+        return dataclasses.replace(step, spec=step.spec.model_copy(update={"train": train}))
+
+    dag = DAG([legacy(step) for step in load_experiment(path).dag])
+    assert {name: fp[:16] for name, fp in dag.fingerprints.items()} == LEGACY_FINGERPRINTS[path]
 
 
 @pytest.mark.parametrize(

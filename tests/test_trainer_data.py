@@ -126,6 +126,11 @@ def test_validation_split_is_whole_documents_disjoint_from_train(tmp_path):
     every = np.concatenate(data.eval_batches("topics", batch_size=4, num_batches=windows // 4 + 2))
     np.testing.assert_array_equal(every[:windows], [tokens.validation[w * SEQ : (w + 1) * SEQ + 1] for w in range(windows)])
     np.testing.assert_array_equal(every[windows], tokens.validation[: SEQ + 1])
+    # windows="first" (TrainConfig.eval_windows, what every run read before): the split's first windows in a row
+    first = np.concatenate(data.eval_batches("topics", batch_size=4, num_batches=3, windows="first"))
+    np.testing.assert_array_equal(first, [tokens.validation[w * SEQ : (w + 1) * SEQ + 1] for w in range(12)])
+    with pytest.raises(ValueError, match="'spread' or 'first'"):
+        data.eval_batches("topics", batch_size=4, num_batches=1, windows="middle")
     with pytest.raises(KeyError, match="known sources"):
         data.eval_batches("nope", batch_size=4, num_batches=1)
 

@@ -494,7 +494,9 @@ class TrainConfig(Frozen):
     )
     # Identity fields added after runs existed are left out of a job's identity while at their default,
     # so adding a field changes neither the fingerprint nor the checkpoint check of any earlier job.
-    OMITTED_AT_DEFAULT: ClassVar[dict[str, object]] = {"microbatch_size": None}
+    # eval_windows is the exception: its default changed what every eval reads, so it is left out only at "first",
+    # the rule of every run before it existed (a ladder started then keeps its fingerprints by asking for it).
+    OMITTED_AT_DEFAULT: ClassVar[dict[str, object]] = {"microbatch_size": None, "eval_windows": "first"}
 
     tokens: int = Field(..., gt=0, description="Training token budget; steps = round(tokens / (batch_size * seq_len)).")
     batch_size: int = Field(16, ge=1, description="Global batch size in sequences.")
@@ -503,7 +505,12 @@ class TrainConfig(Frozen):
         None, ge=1, description="Evaluate every n steps (and at the end); default: about DEFAULT_EVALS_PER_RUN evals per "
         "run (never more often than every MIN_DEFAULT_EVAL_INTERVAL steps), so every rung logs a curve a law can fit.",
     )
-    eval_batches: int = Field(4, ge=1, description="Validation batches per source per evaluation, their windows spread evenly over the held-out split.")
+    eval_batches: int = Field(4, ge=1, description="Validation batches per source per evaluation.")
+    eval_windows: Literal["spread", "first"] = Field(
+        "spread", description="Which held-out windows an eval reads: 'spread' evenly over each source's held-out split, "
+        "or 'first', the split's first windows in a row (what every run read before this field existed: a ladder "
+        "started then asks for it to keep measuring its new runs like its finished ones, and keeps its fingerprints).",
+    )
     log_every: int = Field(10, ge=1, description="Write train metrics every n steps.")
     checkpoint_every: int | None = Field(200, ge=1, description="Checkpoint every n steps (and at the end).")
     checkpoint_every_seconds: float | None = Field(None, gt=0, description="Also checkpoint after this many seconds.")

@@ -577,10 +577,12 @@ class DataPipeline:
         return np.minimum(choice, len(self._sources) - 1)
 
     def eval_batches(
-        self, source: str, *, batch_size: int, num_batches: int, process_index: int = 0, process_count: int = 1
+        self, source: str, *, batch_size: int, num_batches: int, process_index: int = 0, process_count: int = 1,
+        windows: str = "spread",
     ) -> list[np.ndarray]:
         """`num_batches` batches of windows (stride seq_len) spread evenly over the whole held-out split: window i of
         the n asked for starts at window floor(i * W / n) of the split's W; every window in turn, wrapping, when n > W.
+        `windows="first"`: the first n windows in a row, wrapping (`TrainConfig.eval_windows`).
 
         Why spread and not the first n windows: neighbouring windows come from one file, so the first few batches
         measure one stretch of text. On the stdlib corpus the first 32 windows are easy text that a larger model
@@ -590,14 +592,16 @@ class DataPipeline:
         """
         if source not in self._by_name:
             raise KeyError(f"unknown source {source!r}; known sources: {self.source_names}.")
+        if windows not in ("spread", "first"):
+            raise ValueError(f"windows={windows!r}: choose 'spread' or 'first'.")
         tokens = self._by_name[source].validation
-        windows = (len(tokens) - 1) // self.seq_len
+        held_out = (len(tokens) - 1) // self.seq_len
         asked = num_batches * batch_size
         rows = _process_rows(batch_size, process_index, process_count)
         batches = []
         for b in range(num_batches):
             index = b * batch_size + rows
-            index = index * windows // asked if asked <= windows else index % windows
+            index = index * held_out // asked if windows == "spread" and asked <= held_out else index % held_out
             starts = index * self.seq_len
             batches.append(np.asarray(tokens[starts[:, None] + self._window], dtype=np.int32))
         return batches

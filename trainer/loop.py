@@ -332,7 +332,8 @@ def train(
         params = precision.params_on_device(state["params"])  # train.offload may keep the master on the host
         for source in pipeline.source_names:
             if source not in eval_cache:
-                batches = pipeline.eval_batches(source, batch_size=tcfg.batch_size, num_batches=tcfg.eval_batches)
+                batches = pipeline.eval_batches(source, batch_size=tcfg.batch_size, num_batches=tcfg.eval_batches,
+                                                windows=tcfg.eval_windows)
                 eval_cache[source] = [to_device(local_slice(b)) for b in batches]
             values = [eval_loss(params, state["router_state"], b) for b in eval_cache[source]]
             loss = float(np.mean(jax.device_get(values)))
