@@ -10,7 +10,8 @@ anything runs, and the fit step's stored forecast carries the same warning.
 
 Compared: the model (except how it is laid out or dispatched, which does not change the function it computes),
 the optimizer and its schedule, the data and its mixture, and the training settings that change what is learned
-or what is measured (batch size, precision, eval dispatch, which held-out windows an eval reads), plus the per-head width the head count implies.
+or what is measured (batch size, precision, eval dispatch, which held-out windows an eval reads), plus the per-head
+width the head count implies.
 A setting the rungs themselves vary is the ladder's own axis and is not reported, even when the target lies
 beyond the rungs' range: that is the extrapolation the forecast's band is about.
 """
