@@ -44,16 +44,11 @@ def window_losses(job: TrainJob, run_dir: Path) -> tuple[int, dict[str, np.ndarr
     state, meta = restored
     params = precision.params_on_device(state["params"])
     loss = jit_eval_loss(job, model, mesh)
-    window = np.arange(cfg.seq_len + 1)
     out = {}
     for source in pipeline.source_names:
-        tokens = pipeline._by_name[source].validation
-        n = (len(tokens) - 1) // cfg.seq_len
-        per = []
-        for w in range(n):  # one window a call: the loss of each window alone
-            batch = np.asarray(tokens[w * cfg.seq_len + window], dtype=np.int32)[None]
-            per.append(float(loss(params, state["router_state"], jax.numpy.asarray(batch))))
-        out[source] = np.array(per)
+        every = pipeline.eval_batches(source, batch_size=1, num_batches=pipeline.held_out_windows(source), windows="first")
+        # one window a call: the loss of each window alone
+        out[source] = np.array([float(loss(params, state["router_state"], jax.numpy.asarray(w))) for w in every])
     return int(meta["step"]), out
 
 
@@ -73,10 +68,9 @@ def main() -> None:
         step, losses = window_losses(job, spec_path.parent)
         whole, first, spread = [], [], []
         for per in losses.values():
-            n = len(per)
             whole.append(per.mean())
-            first.append(per[np.arange(asked) % n].mean())
-            spread.append(per[np.arange(asked) * n // asked].mean() if asked <= n else per[np.arange(asked) % n].mean())
+            first.append(per[data.eval_window_indices(len(per), asked, "first")].mean())
+            spread.append(per[data.eval_window_indices(len(per), asked, "spread")].mean())
         w = float(np.mean(whole))
         rows.append((spec["name"], step, w, 100 * (np.mean(first) / w - 1), 100 * (np.mean(spread) / w - 1),
                      {s: len(v) for s, v in losses.items()}, asked))

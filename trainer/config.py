@@ -20,9 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class Frozen(BaseModel):
     """Base for every config: immutable, unknown fields rejected, validated on assignment.
 
-    ``OMITTED_AT_DEFAULT`` names fields added after runs existed: ``identity_payload`` leaves them out
-    while they hold that default, so adding a field changes neither the fingerprint nor the checkpoint
-    check of any earlier job. Every config class may declare its own.
+    ``OMITTED_AT_DEFAULT`` maps fields added after runs existed to the value every earlier run had (their
+    default, unless the field came with a new default): ``identity_payload`` leaves them out while they hold
+    it, so adding a field changes neither the fingerprint nor the checkpoint check of any earlier job. Every
+    config class may declare its own.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)

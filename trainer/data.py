@@ -590,21 +590,17 @@ class DataPipeline:
         loss over the whole split, a bias that grows with size and bends a ladder's law; 32 windows spread over the
         split came within +1.3% to +2.1% of it at every size (`bench/bench_eval_windows.py`, BENCHMARKS.md).
         """
+        chosen = eval_window_indices(self.held_out_windows(source), num_batches * batch_size, windows)
+        tokens = self._by_name[source].validation
+        rows = _process_rows(batch_size, process_index, process_count)
+        return [np.asarray(tokens[chosen[b * batch_size + rows, None] * self.seq_len + self._window], dtype=np.int32)
+                for b in range(num_batches)]
+
+    def held_out_windows(self, source: str) -> int:
+        """How many windows (stride seq_len) the source's held-out split holds."""
         if source not in self._by_name:
             raise KeyError(f"unknown source {source!r}; known sources: {self.source_names}.")
-        if windows not in ("spread", "first"):
-            raise ValueError(f"windows={windows!r}: choose 'spread' or 'first'.")
-        tokens = self._by_name[source].validation
-        held_out = (len(tokens) - 1) // self.seq_len
-        asked = num_batches * batch_size
-        rows = _process_rows(batch_size, process_index, process_count)
-        batches = []
-        for b in range(num_batches):
-            index = b * batch_size + rows
-            index = index * held_out // asked if windows == "spread" and asked <= held_out else index % held_out
-            starts = index * self.seq_len
-            batches.append(np.asarray(tokens[starts[:, None] + self._window], dtype=np.int32))
-        return batches
+        return (len(self._by_name[source].validation) - 1) // self.seq_len
 
     def decode(self, ids: np.ndarray) -> str:
         return self.tokenizer.decode(ids)
@@ -612,6 +608,16 @@ class DataPipeline:
     def __repr__(self) -> str:
         counts = ", ".join(f"{n}={c['train']}+{c['validation']}" for n, c in self.source_token_counts().items())
         return f"DataPipeline(vocab_size={self.vocab_size}, seq_len={self.seq_len}, tokens train+val: {counts})"
+
+
+def eval_window_indices(held_out: int, asked: int, windows: str = "spread") -> np.ndarray:
+    """Which of a held-out split's `held_out` windows each of `asked` eval rows reads, in order
+    (`DataPipeline.eval_batches`): "spread", row i reads window floor(i * held_out / asked); "first", window i; both
+    wrap over every window when more rows are asked than the split holds."""
+    if windows not in ("spread", "first"):
+        raise ValueError(f"windows={windows!r}: choose 'spread' or 'first'.")
+    index = np.arange(asked, dtype=np.int64)
+    return index * held_out // asked if windows == "spread" and asked <= held_out else index % held_out
 
 
 def _process_rows(batch_size: int, process_index: int, process_count: int) -> np.ndarray:
