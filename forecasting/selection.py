@@ -197,9 +197,7 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
         simpler = [c for c in scored if c["expected_error"] <= best["expected_error"] * PREFER_SIMPLER]
         choice = min(simpler, key=lambda c: (SIMPLICITY[c["method"]], c["expected_error"]))
         if choice["expected_error"] > fl.WARN_ERROR:
-            warn.append(f"no method backtests well on this ladder: the best, {choice['method']}, missed the ladder's own "
-                        f"larger runs by {choice['backtest_rms']:.1%} RMS, {choice['expected_error']:.1%} expected at the "
-                        "target's distance; the band is wide for that reason")
+            warn.append(poor_backtest_warning(choice, best))
     else:
         order = ["matched_progress", "chinchilla", "overtrain", "compute", "data_constrained", "moe"]
         usable = [c for c in cands if c.get("applicable", True) and c["method"] in order]
@@ -221,6 +219,16 @@ def select_method(table: pd.DataFrame, target: TargetSpec, *, same_size_runs: li
                         "uses the public suite's error rates and widens where they disagree")
     choice["chosen"] = True
     return choice["method"], cands, warn
+
+
+def poor_backtest_warning(choice: dict, best: dict) -> str:
+    """The warning for a ladder on which even the chosen law backtests poorly; it says whether that law is the best
+    or the simpler one preferred within PREFER_SIMPLER of it (and names the best then)."""
+    chosen_as = "the best" if choice["method"] == best["method"] else (
+        f"the simplest within {PREFER_SIMPLER - 1:.0%} of the best ({best['method']}, {best['expected_error']:.1%} expected)")
+    return (f"no method backtests well on this ladder: {chosen_as}, {choice['method']}, missed the ladder's own larger runs "
+            f"by {choice['backtest_rms']:.1%} RMS, {choice['expected_error']:.1%} expected at the target's distance; the band "
+            "is wide for that reason")
 
 
 def _fit_at_bounds(method: str, final: pd.DataFrame | None) -> list[str]:

@@ -548,3 +548,14 @@ def test_a_backtest_names_the_held_out_run_it_missed():
         assert sum(h.n_points for h in r.runs) == r.n_points, r.kind
     compute = next(r for r in report.results if r.kind == "compute")
     assert compute.worst_runs(1)[0].run == "4.2B/oscar/44ep" and compute.worst_runs(1)[0].n_points > 1
+
+
+def test_the_poor_backtest_warning_says_whether_the_chosen_law_is_the_best_or_the_simpler_one_near_it():
+    from forecasting.selection import poor_backtest_warning
+
+    best = {"method": "compute", "backtest_rms": 0.024, "expected_error": 0.0565}
+    simpler = {"method": "matched_progress", "backtest_rms": 0.027, "expected_error": 0.062}
+    near = poor_backtest_warning(simpler, best)
+    assert near.startswith("no method backtests well on this ladder: the simplest within 10% of the best (compute, 5.7% "
+                           "expected), matched_progress, missed the ladder's own larger runs by 2.7% RMS, 6.2% expected")
+    assert poor_backtest_warning(best, best).startswith("no method backtests well on this ladder: the best, compute, missed")
