@@ -12,7 +12,7 @@ tokens per active parameter, and an eval every 5% of each run (so matched-progre
 | r32   |    32 |      4 |     2 | 8 (2, 1)                | 8 |
 | r48   |    48 |      4 |     2 | 8 (2, 1)                | 8 |
 | r64   |    64 |      4 |     2 | 8 (2, 1)                | 8 |
-| hero  |    96 |      4 |     3 | 8 (2, 1)                | 8 |
+| hero  |    96 |      4 |     2 | 8 (2, 1)                | 8 |
 
 Active/total parameters, tokens and FLOPs come from the trainer's accounting (`ladder plan` prints
 them): the rungs span ~30x in compute (5.1e10 to 1.5e12 FLOPs) and the hero (6.7e12) is ~4.4x the
@@ -33,24 +33,28 @@ deterministic):
 - 10% warmup: r64 better (1.478 vs 1.541) but slopes -0.101, -0.119, -0.186, r64 from r24..r48 -10.8%;
 - 16 tokens per parameter (twice the compute): slopes -0.114, -0.143, -0.140, yet its hero was already
   below the band at a third of its run (stopped there: over the 15-minute budget).
-The heads do not follow one rule across the table (max(2, width // 32): the rungs keep two heads and grow the
-head dimension 12 -> 32, the hero has three heads of 32). Measured on an AMD EPYC host (rungs final 2.527 /
-2.221 / 1.784 / 1.530, hero 1.2460, v1 1.2301 [1.1933, 1.2681]):
-- the hero with the rungs' two heads (head dimension 48; rungs unchanged): final 1.2738, 2.2% worse, outside
-  v1's band (-3.4%): the rungs' trend over-predicts what a wider head gives;
+Every step has two attention heads, the hero too, so the head dimension grows with width (12 at r24, 32 at r64, 48
+at the hero): one rule, as the ladder varies width alone. Until 2026-12-07 the heads were max(2, width // 32), which
+gave the hero three heads of 32 where every rung had two, a departure `ladder plan` named (ladder/recipe.py). It was
+kept because on the eval of that time (the first 32 held-out windows of each source in a row, a stretch of easy
+text whose loss sat 7.6% (r24) to 12.0% (hero) below the whole split's, more for larger models: BENCHMARKS.md, "The
+eval windows") each one-rule variant did worse. Measured then on an AMD EPYC host (rungs final 2.527 / 2.221 /
+1.784 / 1.530, three-head hero 1.2460, v1 1.2301 [1.1933, 1.2681]):
+- the hero with the rungs' two heads: final 1.2738, 2.2% worse, outside v1's band (-3.4%);
 - head dimension 8 at every width (heads = width / 8, Marin's fixed head dimension): rungs 2.535 / 2.329 /
   1.851 / 1.536 (slopes -0.088, -0.163, -0.181, steepening), hero 1.2483, v1 1.2536 (+0.4%) but its band
-  is +-29% and the curve is no closer (auto's worst eval +8.1% at 40% of the run, this table's -8.1% at 5%).
-So the table stays (one rule for the heads either put the hero outside its band or made the band useless), and
-its forecast's accuracy owes something to the hero's extra head: `ladder plan` and the stored forecast say so
-(ladder/recipe.py).
-Every loss above was measured on the old eval windows: the first 32 held-out windows of each source in a row, a
-stretch of easy text whose loss sat 7.6% (r24) to 12.0% (hero) below the whole split's, more for larger models
-(BENCHMARKS.md, "The eval windows"). With 16 batches of windows spread over the split (AMD EPYC, 2026-12-07, 309 s
-end to end): rungs 2.752 / 2.432 / 2.015 / 1.735, hero 1.4254, v1 1.4271 [1.3263, 1.5356] (+0.12% of the actual).
-End to end from an empty store, `ladder demo` (this file, embedded Ray, W&B off) took 5m38s on the
-shared 2-core machine (Intel Xeon, 2026-12-06): forecast 1.2389 [1.2048, 1.2739] before the hero started,
-actual 1.2488 (+0.80%, inside the band); the overlay's second refit said 1.2465 [1.2261, 1.2673].
+  is +-29% and the curve is no closer (auto's worst eval +8.1% at 40% of the run).
+On the held-out loss the trainer now logs (16 batches of windows spread over the split; AMD EPYC, 2026-12-07; the
+same rungs 2.752 / 2.432 / 2.015 / 1.735 and v1 1.4271 [1.3263, 1.5356] for both heroes, `bench/bench_local_forecast.py`):
+the two-head hero ends at 1.4455, 1.4% above the three-head one's 1.4254 and inside v1's band (-1.27% of the
+actual; the three-head hero +0.12%), and v1's curve is closer to it: mean abs error 1.24% against 2.29%, every eval
+after the first within 2.61% against 4.64%, both heroes' first eval (5% of the run) missed by 6-7%. The reason for
+the exception was gone, so the ladder now follows one rule, and its final-loss error is the -1.27% of a hero that
+departs from nothing rather than the +0.12% that owed something to an extra head.
+End to end from an empty store, `ladder demo` (this file, embedded Ray, W&B off) took 298 s on the shared 2-core
+machine (AMD EPYC, 2026-12-07): forecast 1.4271 [1.3263, 1.5356] before the hero started, actual 1.4455 (the
+forecast 1.29% low, inside the band, no recipe departure named); the overlay's second refit said 1.4392
+[1.4115, 1.4675].
 
 Constants and why:
 - byte tokenizer, sequence 128, batch 8: the stdlib corpus is ~14M bytes, and 1,024 tokens per step
@@ -91,13 +95,14 @@ SEQ_LEN = 128
 BATCH_SIZE = 8
 EVALS_PER_RUN = 20
 EVAL_BATCHES = 16
+HEADS = 2  # at every width, the hero's too (the docstring says why)
 
 
 def local_model(width: int, layers: int, *, seq_len: int = SEQ_LEN) -> ModelConfig:
     return ModelConfig(
         hidden_dim=width,
         num_layers=layers,
-        num_heads=max(2, width // 32),
+        num_heads=HEADS,
         seq_len=seq_len,
         logit_z_loss_weight=1e-4,
         moe=MoEConfig(

@@ -4,9 +4,10 @@ A scaling law fitted to rungs knows what the rungs varied (width, depth, tokens,
 width) and nothing about what they kept the same. When the target departs from a setting every rung shares
 (another head count, a different schedule, batch or data mixture), the law extrapolates along the ladder as if
 nothing else changed, and neither the fit nor its backtest can show the difference. Measured on the local
-ladder (experiments/local_ladder.py): its rungs all have two attention heads and its hero three; the same hero
-with the rungs' two heads ends 2.2% higher, outside the forecast's 95% band. So `ladder plan` warns before
-anything runs, and the fit step's stored forecast carries the same warning.
+ladder (experiments/local_ladder.py), whose rungs all have two attention heads: the same hero with three heads
+ended 1.4% lower than with two, from the same rungs and so the same forecast (2.2%, outside the forecast's 95%
+band, on the earlier eval that favoured larger models). So `ladder plan` warns before anything runs, and the fit
+step's stored forecast carries the same warning.
 
 Compared: the model (except how it is laid out or dispatched, which does not change the function it computes),
 the optimizer and its schedule, the data and its mixture, and the training settings that change what is learned

@@ -29,13 +29,18 @@ def _spec(width: int, *, heads: int = 2, lr: float = 3e-3, **changes):
     return tiny_spec(model=model, optimizer=optimizer, train=train, **changes)
 
 
-def test_the_local_ladders_hero_changes_the_head_count_and_marins_hero_changes_nothing():
+def test_the_shipped_heroes_change_nothing_their_rungs_share_and_a_third_head_is_named():
     local = load_experiment(str(REPO / "experiments" / "local_ladder.py"))
-    warning = departures_for(local.dag, "hero")
-    assert warning is not None and "model.num_heads 3 (every rung: 2)" in warning
-    # what the rungs vary (width, the LR scaled with width, tokens) is the ladder's axis, not a departure
-    assert "hidden_dim" not in warning and "learning_rate" not in warning and "head_dim" not in warning
+    # what the rungs vary (width, the LR scaled with width, the head dimension two heads give, tokens) is the
+    # ladder's axis, not a departure
+    assert departures_for(local.dag, "hero") is None
     assert departures_for(load_experiment(str(REPO / "experiments" / "marin_535b.py")).dag, "hero") is None
+    rungs = {name: local.dag[name].spec for name in ("r24", "r32", "r48", "r64")}
+    hero = local.dag["hero"].spec
+    three_heads = hero.model_copy(update={"model": hero.model.model_copy(update={"num_heads": 3})})
+    warning = recipe_departures(rungs, "hero", three_heads)
+    assert warning is not None and "model.num_heads 3 (every rung: 2)" in warning
+    assert "hidden_dim" not in warning and "learning_rate" not in warning
 
 
 def test_settings_that_change_what_is_learned_are_named_and_execution_settings_are_not():
