@@ -63,10 +63,17 @@ def test_settings_that_change_what_is_learned_are_named_and_execution_settings_a
 
 
 def test_plan_warns_before_anything_runs(tmp_path: Path):
-    result = CliRunner().invoke(app, ["plan", str(REPO / "experiments" / "local_ladder_quick.py"), "--root", str(tmp_path), "--json"])
+    # the quick ladder with the third layer its hero had until 2026-12-07
+    experiment = tmp_path / "deeper_hero.py"
+    experiment.write_text("from experiments.local_ladder import local_ladder\n"
+                          "from experiments.local_ladder_quick import QUICK_RUNGS\n"
+                          "steps = local_ladder(QUICK_RUNGS, ('hero-quick', (64, 3)), eval_batches=4)\n")
+    result = CliRunner().invoke(app, ["plan", str(experiment), "--root", str(tmp_path / "root"), "--json"])
     assert result.exit_code == 0, result.output
     warnings = json.loads(result.output)["warnings"]
     assert any(w.startswith("hero-quick changes what its 4 rungs hold fixed: model.num_layers 3 (every rung: 2)") for w in warnings)
+    shipped = CliRunner().invoke(app, ["plan", str(REPO / "experiments" / "local_ladder_quick.py"), "--root", str(tmp_path / "root"), "--json"])
+    assert shipped.exit_code == 0 and not any("hold fixed" in w for w in json.loads(shipped.output)["warnings"])
 
 
 def test_the_fit_steps_stored_forecast_carries_the_departure(tmp_path: Path):

@@ -301,7 +301,8 @@ def test_defaults_add_nothing_to_identity_or_params():
 # Fingerprints of the shipped experiments before the block pieces existed (a23780d^), which adding pieces must not
 # move; and what the eval windows moved on purpose (trainer.config.TrainConfig.eval_windows: every eval read the
 # split's first windows in a row before, and the local ladder read 4 batches per source, not 16). The local ladder's
-# hero then had three heads; it has its rungs' two since 2026-12-07 (experiments/local_ladder.py).
+# hero then had three heads and the quick ladder's hero three layers of width 64; since 2026-12-07 both take their
+# rungs' heads and depth (experiments/local_ladder.py, experiments/local_ladder_quick.py).
 LEGACY_FINGERPRINTS = {
     "experiments/local_ladder.py": {"r24": "9088dfa328f106d9", "r32": "02b6a4a4218f3959", "r48": "06ec2d73f83f3f04",
                                     "r64": "363abdd1221cdc0e", "fit": "b3e45e99df5005c2", "hero": "7ee5046e8c17fe48"},
@@ -316,7 +317,7 @@ SHIPPED_FINGERPRINTS = {
                                     "r64": "693d3b596892a6eb", "fit": "990ff3b6ac6b1c69", "hero": "c1663f928d81fdc3"},
     "experiments/local_ladder_quick.py": {"q16": "8829bd557e1582a2", "q24": "44c093fb5ca7c6e5",
                                           "q32": "45b35a41c628255b", "q48": "c67bbb0fabff1ac5",
-                                          "fit": "cc0e5c67b54197c4", "hero-quick": "5cdfee524069672c"},
+                                          "fit": "e7d1e93a7e0b0c9d", "hero-quick": "c5446834e9eea5a5"},
     "experiments/readme_example.py": {"r32": "01a948da41871128", "r48": "3e062feef57c0fe2", "r64": "135f3a2ef7f40b61",
                                       "fit": "fd36fa51cdd817fc", "hero": "97963abecfdea333"},
 }
@@ -340,11 +341,15 @@ def test_a_ladder_started_before_the_spread_eval_windows_keeps_its_fingerprints_
     def legacy(step):
         if not isinstance(step, TrainStep):
             return step
-        train = step.spec.train.model_copy(update={"eval_windows": "first", "eval_batches": 4})
-        update = {"train": train}
+        spec = step.spec
         if path == "experiments/local_ladder.py" and step.name == "hero":  # three heads until the ladder took one rule
-            update["model"] = step.spec.model.model_copy(update={"num_heads": 3})
-        return dataclasses.replace(step, spec=step.spec.model_copy(update=update))
+            spec = spec.model_copy(update={"model": spec.model.model_copy(update={"num_heads": 3})})
+        if path == "experiments/local_ladder_quick.py" and step.name == "hero-quick":  # three layers of 64 until then
+            from experiments.local_ladder import local_spec
+
+            spec = local_spec(64, 3)
+        train = spec.train.model_copy(update={"eval_windows": "first", "eval_batches": 4})
+        return dataclasses.replace(step, spec=spec.model_copy(update={"train": train}))
 
     dag = DAG([legacy(step) for step in load_experiment(path).dag])
     assert {name: fp[:16] for name, fp in dag.fingerprints.items()} == LEGACY_FINGERPRINTS[path]
