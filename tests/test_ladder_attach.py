@@ -101,7 +101,8 @@ def test_an_attached_run_gets_the_overlay_refits_and_alerts(exp, forecast_root):
         if attach.poll() is None:
             attach.kill()
     assert attach.returncode == 0, err
-    assert f"{HERO}: done" in out and "reached the planned 832 steps" in out
+    planned = exp.dag[HERO].derived.num_steps
+    assert f"{HERO}: done" in out and f"reached the planned {planned} steps" in out
 
     metrics = read_lines(directory / "metrics.jsonl")
     evals = [r for r in metrics if "eval/loss" in r]
@@ -117,7 +118,7 @@ def test_an_attached_run_gets_the_overlay_refits_and_alerts(exp, forecast_root):
     # the departure is caught: a band alert once three evals in a row sit above the band, none before it
     alerts = read_lines(directory / "alerts.jsonl")
     band = [a for a in alerts if a["kind"] == "band"]
-    departed = [s for s in eval_steps(exp, HERO) if s > DEPART * 832]
+    departed = [s for s in eval_steps(exp, HERO) if s > DEPART * planned]
     assert band and band[0]["step"] == departed[2] and "above the forecast band" in band[0]["message"]
     assert all(r["forecast/sigma"] > 0 for r in evals if r["step"] in departed[:3])
     status = store.read_status(str(directory))
