@@ -30,7 +30,8 @@ worst eval / MAE / evals in band / median half-width / forecast over actual fina
   [1.4894, 2.7657]: 9.31 / 3.91 / 100 / 36.1 / +4.23;
 - two layers, width 64 (2.8x the largest rung, a shorter extrapolation): actual 2.2114, v1 2.1662: 7.36 / 4.63 /
   100 / 26.0 / -2.05.
-The third layer made the hero 1.1% better than the rungs' law could know; without it the forecast is closer.
+At about the same compute the third layer gave a 1.1% lower loss, which the rungs' law could not know; without it
+the forecast is closer.
 Earlier (old eval windows, rungs of width 16/24/32/40 at 3 layers against the three-layer hero) a constant depth
 had not helped (-5.49% against -0.35%); the narrowest widths (2 heads of dimension 8-20) fall more slowly than the
 hero's neighbourhood, which is why the quick ladder's forecast stays the less accurate of the two.
