@@ -559,3 +559,26 @@ def test_the_poor_backtest_warning_says_whether_the_chosen_law_is_the_best_or_th
     assert near.startswith("no method backtests well on this ladder: the simplest within 10% of the best (compute, 5.7% "
                            "expected), matched_progress, missed the ladder's own larger runs by 2.7% RMS, 6.2% expected")
     assert poor_backtest_warning(best, best).startswith("no method backtests well on this ladder: the best, compute, missed")
+
+
+def test_a_target_outside_the_ladders_sparsity_is_named_with_the_laws_that_cannot_see_it():
+    from forecasting.api import sparsity_outside_ladder
+
+    dense = _final_table(np.geomspace(2e7, 3e8, 6), 20.0)
+    moe = dense.assign(params_total=dense["params_active"] * np.resize([8.0, 10.0], len(dense)))
+    n_t = 1.2e9
+
+    def target(sparsity):
+        return TargetSpec(name="t", params_active=n_t, tokens=20 * n_t, params_total=n_t * sparsity if sparsity > 1 else None)
+
+    coarse = forecast_target(moe, target(2.0), method="compute", n_bootstrap=10)
+    named = [w for w in coarse.warnings if "sparsity" in w]
+    assert len(named) == 1 and named[0].startswith("the target's sparsity (total / active parameters) 2 lies 0.60 decades "
+                                                   "outside the runs' 8-10: compute does not read total parameters")
+    assert not any("sparsity" in w for w in forecast_target(moe, target(9.0), method="compute", n_bootstrap=10).warnings)
+    assert sparsity_outside_ladder(moe, target(7.0), ["compute"]) is None  # within x/÷ 1.25 of the runs' range
+    # a dense ladder (no params_total) and an MoE target, and the other way round
+    assert "outside the runs' 1: " in sparsity_outside_ladder(dense, target(8.0), ["chinchilla"])
+    assert sparsity_outside_ladder(dense, target(1.0), ["chinchilla"]) is None
+    assert "outside the runs' 8-10" in sparsity_outside_ladder(moe, target(1.0), ["overtrain", "chinchilla"])
+    assert "the moe law extrapolates its total-parameter term" in sparsity_outside_ladder(moe, target(40.0), ["moe", "compute"])
