@@ -618,10 +618,11 @@ def sparsity_outside_ladder(table: pd.DataFrame, target: TargetSpec, used: Seque
     if "moe" in used:
         return head + ("the moe law extrapolates its total-parameter term (kappa) there, which no run of the ladder "
                        "tested; the band counts those decades at the rate its backtest measured along the ladder")
-    return head + (f"{', '.join(used)} {'does' if len(used) == 1 else 'do'} not read total parameters and forecast the "
-                   "target as if it had the ladder's sparsity (only the moe law reads them, fitted on runs whose total "
-                   "parameters vary apart from their active ones); the band counts those decades at the rate the "
-                   "backtest measured in compute, which no run here measured along sparsity")
+    verbs = ("does", "forecasts") if len(used) == 1 else ("do", "forecast")
+    return head + (f"{', '.join(used)} {verbs[0]} not read total parameters and {verbs[1]} the target as if it had the "
+                   "ladder's sparsity (only the moe law reads them, fitted on runs whose total parameters vary apart from "
+                   "their active ones); the band counts those decades at the rate the backtest measured in compute, which "
+                   "no run here measured along sparsity")
 
 
 LR_MISMATCH = 2.0  # a target whose peak LR is 2x off the rungs' trend is on another recipe

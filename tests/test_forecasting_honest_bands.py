@@ -573,8 +573,9 @@ def test_a_target_outside_the_ladders_sparsity_is_named_with_the_laws_that_canno
 
     coarse = forecast_target(moe, target(2.0), method="compute", n_bootstrap=10)
     named = [w for w in coarse.warnings if "sparsity" in w]
-    assert len(named) == 1 and named[0].startswith("the target's sparsity (total / active parameters) 2 lies 0.60 decades "
-                                                   "outside the runs' 8-10: compute does not read total parameters")
+    assert len(named) == 1 and named[0].startswith(
+        "the target's sparsity (total / active parameters) 2 lies 0.60 decades outside the runs' 8-10: compute does not "
+        "read total parameters and forecasts the target")
     assert not any("sparsity" in w for w in forecast_target(moe, target(9.0), method="compute", n_bootstrap=10).warnings)
     assert sparsity_outside_ladder(moe, target(7.0), ["compute"]) is None  # within x/÷ 1.25 of the runs' range
     # a dense ladder (no params_total) and an MoE target, and the other way round
