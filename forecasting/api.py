@@ -596,7 +596,8 @@ def sparsity_outside_ladder(table: pd.DataFrame, target: TargetSpec, used: Seque
     no backtest within the ladder's sparsities measured what another sparsity does; the other laws forecast the
     target as if it had the ladder's. On the public suite's Step Law MoE split two steps out (rungs at 9.3-11.4
     total/active, targets at 1.7: eight experts of which three are active, where the rungs route to one or two of
-    88-89 finer ones) every law missed by -4.6% to -8.3%, outside auto's band, with no word of why.
+    88-89 finer ones) every law that could be fitted missed by -4.6% to -8.3%, outside auto's band, with no word of
+    why.
     """
     if "params_active" not in table.columns:
         return None
