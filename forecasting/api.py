@@ -577,7 +577,7 @@ def forecast_target(
                 for c in selection:
                     c["chosen"] = c["method"] == order[i + 1] or None
         f = _blend_close_candidates(table, target, f, selection, n_bootstrap, seed, dup_warn)
-    used = [k.split(".", 1)[1] for k in f.band_terms if k.startswith("weight.")] or [f.method]  # a blend's members
+    used = [c["method"] for c in selection if c.get("blend_weight")] or [f.method]  # a blend's members, or the one law
     recipe = [learning_rate_mismatch(table, target), sparsity_outside_ladder(table, target, used)]
     f.warnings = dup_warn + f.warnings + [w for w in recipe if w]
     f.selection = selection
