@@ -139,6 +139,21 @@ def test_a_member_speaks_only_where_it_has_a_curve():
     assert f.final_loss == pytest.approx(math.sqrt(2.0 * 2.2))
 
 
+def test_the_blend_spans_every_member_s_curve_when_the_chosen_law_starts_later():
+    """A final law draws its curve from half the rungs' first eval; matched progress from a thousandth of the run.
+    With the final law chosen (the blend's first member), the evals before its curve are matched progress's, not
+    the blend's first point held flat."""
+    early = _forecast("matched_progress", [4.0, 3.0, 2.5, 2.0], 0.01)
+    late = _forecast("compute", [9.9, 2.6, 2.2, 2.2], 0.02)
+    late = late.model_copy(update={"target": early.target, "curve": late.curve[2:]})  # steps 3 and 4 only
+    f = blend.blend({"compute": late, "matched_progress": early}, {"compute": 0.5, "matched_progress": 0.5})
+    assert [p.step for p in f.curve] == [1, 2, 3, 4]
+    assert [p.loss for p in f.curve[:2]] == pytest.approx([4.0, 3.0])  # matched progress alone, its own band
+    assert f.band_at(1)[2] / f.band_at(1)[1] == pytest.approx(math.exp(2 * Z95 * 0.01))
+    assert f.curve[2].loss == pytest.approx(math.sqrt(2.5 * 2.2))  # both speak from the final law's first step
+    assert f.final_loss == pytest.approx(math.sqrt(2.0 * 2.2))
+
+
 def test_the_weights_reported_are_those_used_when_a_member_dropped_out():
     a = _forecast("overtrain", [3.0, 2.5, 2.0], 0.01)
     b = _forecast("farseer", [3.0, 2.5, 2.2], 0.01)
