@@ -22,7 +22,10 @@ turned into a forecast the same way; only the formula differs.
   splits held three points, and their rate chose the compute law. Every point is still reported in the errors.
   When the target's D/N lies outside the runs' range (an over-trained hero), the backtest also splits along D/N
   (`_dn_splits`: fit the runs up to a D/N cut, predict those beyond it), so a law is judged on the extrapolation
-  the target needs, not only on one in compute at the ladder's own ratios.
+  the target needs, not only on one in compute at the ladder's own ratios. Scored on curves, it also holds out the
+  runs not finished beyond the finished ones (a crashed rung, one still training: `unfinished_ahead`), predicted
+  from every finished run along their evals so far; where that is the only split (Marin's three finished rungs and
+  d2048, crashed at 80%), its error is the law's extrapolation term too.
 - Uncertainty of the fit: bootstrap over runs when there are at least two runs more than parameters
   (within each model size when every size has several runs, so no redraw loses a size); otherwise a parametric bootstrap (refits on the losses perturbed by the fit's residual scatter, never
   less than `NOISE_FLOOR`, the seed-to-seed spread of a final eval), because resampling three runs
@@ -564,22 +567,57 @@ def _backtest_points(law: str, final: pd.DataFrame, max_splits: int, table: pd.D
         return final[final["run"].isin(part["run"])]
 
     splits = [(rows_of(runs.iloc[:k]), runs.iloc[k:]) for k in _splits(len(runs), min_fit, max_splits)]
+    kinds = ["compute"] * len(splits)
+    ahead = unfinished_ahead(table, runs) if table is not None and len(runs) >= min_fit else None
+    if ahead is not None:  # scored on their curves so far: the split that fits every finished run
+        splits.append((final, ahead))
+        kinds.append("unfinished")
     n_compute = len(splits)
     if dn is not None:
-        splits += [(rows_of(runs[f]), runs[p]) for f, p in _dn_splits(runs, dn, min_fit + 1, max_splits)]
-    for i, (fit_part, pred_part) in enumerate(splits):
+        dn_splits = _dn_splits(runs, dn, min_fit + 1, max_splits)
+        splits += [(rows_of(runs[f]), runs[p]) for f, p in dn_splits]
+        kinds += ["dn"] * len(dn_splits)
+    for i, ((fit_part, pred_part), kind) in enumerate(zip(splits, kinds, strict=True)):
         try:
             model = _split_fit(law, fit_part)
         except FitError:
             continue
         before, held_before = len(out["rel"]), len(out["held"])
-        _score_split(model, fit_part, pred_part, table, out, along_compute=i < n_compute, floor_mode=floor_mode)
+        _score_split(model, fit_part, pred_part, table, out, along_compute=kind == "compute", floor_mode=floor_mode)
         split = i if i < n_compute else DN_SPLIT  # compute splits by how many runs they fit; D/N splits apart
         out["point_split"].extend([split] * (len(out["rel"]) - before))
         out["held_split"].extend([split] * (len(out["held"]) - held_before))
-        if i >= n_compute:
+        if kind == "dn":
             out["dn_points"] += len(out["rel"]) - before
     return out
+
+
+MIN_UNFINISHED_EVALS = 3
+
+
+def unfinished_ahead(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame | None:
+    """The runs not finished (a crashed rung, one still training) whose planned compute lies beyond every finished
+    run's, with at least MIN_UNFINISHED_EVALS evals after the start, as held-out rows for the curve backtest: planned
+    compute and tokens, fraction 1 (`run_target` reads the planned run from them); None when there are none.
+
+    Why: a final law's splits are of finished runs, but a rung that crashed (Marin's d2048, at 80%) or is still
+    training is evidence too. The law fitted on every finished run draws its curve, and its evals so far score it,
+    as they already score matched progress. Without it a ladder of three finished rungs and a crashed fourth left
+    every final law untested, and auto took matched progress alone for being the only law it could test. Only runs
+    beyond the finished ones: the split is an extrapolation, as the others are.
+    """
+    if "fraction" not in table.columns or runs.empty:
+        return None
+    last = last_points(table)
+    started = table[table["fraction"] > 0].groupby("run").size()
+    ahead = last[(last["fraction"] < FINISHED) & (last["run_flops"] > float(runs["run_flops"].max()))
+                 & last["run"].map(lambda r: started.get(r, 0) >= MIN_UNFINISHED_EVALS)]
+    if ahead.empty:
+        return None
+    planned = ahead.assign(fraction=1.0, flops=ahead["run_flops"])
+    if "run_tokens" in planned.columns:
+        planned = planned.assign(tokens=planned["run_tokens"])
+    return planned.reset_index(drop=True)
 
 
 def _split_fit(law: str, part: pd.DataFrame) -> FinalModel:
@@ -671,6 +709,16 @@ def curve_floor(law: str, table: pd.DataFrame, model: FinalModel, dn: str | None
     except FitError:
         return None
     return collapse_floor(table, float(model.params.get("E", 0.0))) if mode == "collapse" else None
+
+
+def _unfinished_curve_backtest(law: str, table: pd.DataFrame, dn: str | None, epochs: float | None) -> BacktestResult | None:
+    """The curve backtest where a run not finished (`unfinished_ahead`) gives it a split; None where none does."""
+    if "fraction" not in table.columns or not (table.groupby("run")["fraction"].max() < FINISHED).any():
+        return None
+    try:
+        return backtest_law_curves(law, table, dn=dn, epochs=epochs)
+    except FitError:
+        return None
 
 
 def backtest_law_curves(law: str, table: pd.DataFrame, *, max_splits: int = 5, dn: str | None = None,
@@ -1034,9 +1082,17 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         # independent runs it held out (a t quantile in place of 1.96)
         sig["extrapolation"] = max(res.rate * max(d_target, res.distance_of_rate), NOISE_FLOOR) * small_sample_factor(independent_errors(res))
     except FitError as e:
-        sig["extrapolation_prior"] = PRIOR_RATE * d_target
-        warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "
-                    f"{PRIOR_RATE:.0%} per decade of distance ({d_target:.2f} here)")
+        res = _unfinished_curve_backtest(law, table, dn, epochs)
+        if res is None:
+            sig["extrapolation_prior"] = PRIOR_RATE * d_target
+            warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "
+                        f"{PRIOR_RATE:.0%} per decade of distance ({d_target:.2f} here)")
+        else:  # no finished run to hold out, but an unfinished one beyond them: its evals so far are the evidence
+            backtests.append(res)
+            sig["extrapolation"] = max(res.rate * max(d_target, res.distance_of_rate), NOISE_FLOOR) * small_sample_factor(independent_errors(res))
+            warn.append(f"no finished run to backtest {law} on ({e}); its extrapolation term is its error on the evals so "
+                        f"far of the unfinished run(s) beyond the finished ones ({', '.join(res.held_out)}): "
+                        f"{res.rms_rel_error:.1%} RMS over {res.n_points} evals")
     T = target.steps()
     offsets = schedule_offsets(table, model, target_flops=float(tp["flops"][0])) if T > 1 else None
     floor = curve_floor(law, table, model, dn) if offsets is not None and "extrapolation" in sig else None

@@ -3,7 +3,8 @@
 Why a backtest and not rules on columns: which law extrapolates best depends on the ladder (its spread
 in tokens per parameter, its sparsity, its schedule), and the only evidence a user has is how each law
 predicted the ladder's own larger runs. Every applicable candidate is backtested on the same expanding
-splits (fit the smaller runs by compute, predict every larger one; `forecasting.final_laws`), scored by
+splits (fit the smaller runs by compute, predict every larger one, and a rung that stopped beyond the finished
+ones along its evals so far; `forecasting.final_laws`), scored by
 its error per unit of extrapolation distance (decades of compute or model size beyond the fitted runs,
 plus decades of tokens per parameter and of sparsity outside them: `final_laws.distance`) on the splits that fit the most runs (`final_laws.LATE_SPLITS`:
 the ones most like the forecast, which fits every run), and the candidate with the smallest expected error at the

@@ -117,3 +117,39 @@ def test_a_shape_that_drifts_along_the_ladder_is_drawn_mostly_from_the_nearest_r
     drawn = float(offsets.at(g)[0][0])
     nearest, next_nearest = -powers[-1] * np.log(0.25), -powers[-2] * np.log(0.25)
     assert abs(drawn - nearest) < 0.2 * abs(next_nearest - nearest)
+
+
+def test_a_rung_that_stopped_beyond_the_finished_ones_is_the_backtest_of_every_law():
+    """Marin's d2048 crashed at 80%: its evals so far are evidence for the final laws too, not only matched progress."""
+    import pytest
+
+    from forecasting import final_laws as fl
+    from forecasting.fitting import FitError
+
+    table = _collapsed_curves([1e7, 2e7, 4e7, 8e7], [20.0])
+    largest = table["params_active"].max()
+    crashed = table[(table["params_active"] < largest) | (table["fraction"] <= 0.6)]
+    evals_so_far = int((crashed["params_active"] == largest).sum())
+    finished_only = crashed[crashed["params_active"] < largest]
+    with pytest.raises(FitError):  # three finished runs, three parameters: no split to fit and score
+        fl.backtest_law_curves("compute", finished_only)
+    res = fl.backtest_law_curves("compute", crashed)
+    assert res.held_out == [crashed.loc[crashed["params_active"] == largest, "run"].iloc[0]]
+    assert res.n_points == evals_so_far and res.rms_rel_error < 0.02
+    with pytest.raises(FitError):  # there is no final point to score it on
+        fl.backtest_law("compute", fl.final_points(crashed))
+
+    n_h = 6.4e8
+    target = TargetSpec(name="hero", params_active=n_h, tokens=20 * n_h, num_steps=400, tokens_per_step=20 * n_h / 400)
+    f = forecast_target(crashed, target, method="compute", n_bootstrap=20)
+    assert "extrapolation" in f.band_terms and "extrapolation_prior" not in f.band_terms
+    assert any("unfinished run(s) beyond the finished ones" in w for w in f.warnings), f.warnings
+    assert "extrapolation_prior" in forecast_target(finished_only, target, method="compute", n_bootstrap=20).band_terms
+    chosen = forecast_target(crashed, target, n_bootstrap=20).selection
+    assert next(c for c in chosen if c["method"] == "compute")["backtest_points"] == evals_so_far
+
+    # a run that stopped below the largest finished one would be an interpolation: not held out
+    early_stop = table[(table["params_active"] != 2e7) | (table["fraction"] <= 0.6)]
+    assert fl.unfinished_ahead(early_stop, fl.final_points(early_stop)) is None
+    with pytest.raises(FitError):
+        fl.backtest_law_curves("compute", early_stop)

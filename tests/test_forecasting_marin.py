@@ -55,7 +55,11 @@ def test_matched_progress_baseline_reproduces_marin_exactly(marin):
 def test_hero_forecast_from_rungs_beats_baseline_and_band_covers(marin, ladder_forecast):
     table, hero, observed, _ = marin
     f = ladder_forecast
-    assert f.method == "matched_progress"
+    # d2048 crashed at 80%: its evals score the compute law as well as matched progress, and the compute law drew
+    # them closer (0.3% RMS against 0.7%), so it leads the blend
+    assert f.method == "blend"
+    weights = {c["method"]: c.get("blend_weight", 0.0) for c in f.selection}
+    assert weights["compute"] > weights["matched_progress"] > 0
     err = _rel_errors(f, observed)
     base = marin_baseline(table)
     base_err = base.predict(observed["fraction"].to_numpy(), hero["total_flops"]) / observed["loss"].to_numpy() - 1
@@ -69,9 +73,10 @@ def test_hero_forecast_from_rungs_beats_baseline_and_band_covers(marin, ladder_f
     for s, y in zip(observed["step"], observed["loss"], strict=True):
         _, lo, hi = f.band_at(s)
         assert lo <= y <= hi, (s, y, lo, hi)
-    # the band carries a measured compute-extrapolation term from the ladder's own backtest
-    assert f.backtest and f.backtest[0].held_out == ["d2048"]
-    assert f.band_terms["compute_extrapolation"] > 0
+    # every member's band carries a measured extrapolation term from the ladder's own backtest on d2048
+    assert {b.method for b in f.backtest} == {"compute", "matched_progress"}
+    assert all(b.held_out == ["d2048"] for b in f.backtest)
+    assert not any("public suite" in w for w in f.warnings)
     assert f.final_loss_lo < f.final_loss < f.final_loss_hi
 
 

@@ -98,8 +98,10 @@ def test_hero_forecast_from_imported_runs_matches_the_public_table(exp, table):
     public, _, _ = marin_ladder(DATA / "marin_535b_ladder")
     ours = forecast_target(table, target, n_bootstrap=8, seed=0)
     reference = forecast_target(public.drop(columns=["lr"]), target, n_bootstrap=8, seed=0)
-    assert ours.method == "matched_progress"
-    assert ours.final_loss == pytest.approx(reference.final_loss, rel=1e-9)
+    assert ours.method == "blend"  # the compute law and matched progress, both backtested on the crashed d2048
+    # the members' forecasts agree to 1e-9; their weights read the target's distance from the runs' sizes, which
+    # the spec computes (d2048: 1.171B active) and the public table rounds (1.2B)
+    assert ours.final_loss == pytest.approx(reference.final_loss, rel=1e-4)
     assert ours.final_loss_lo < ours.final_loss < ours.final_loss_hi
     assert 1.9 < ours.final_loss < 2.1
 
@@ -186,7 +188,7 @@ def test_cli_import_then_forecast_and_refit_the_marin_hero(tmp_path):
     first = runner.invoke(app, ["forecast", "experiments/marin_535b.py", "hero", "--root", root, "--json", "--n-bootstrap", "40"])
     assert first.exit_code == 0, first.output
     forecast = json.loads(first.stdout)
-    assert forecast["method"] == "matched_progress" and forecast["final_loss_lo"] < 2.0 < forecast["final_loss_hi"]
+    assert forecast["method"] == "blend" and forecast["final_loss_lo"] < 2.0 < forecast["final_loss_hi"]
     assert forecast["target"]["total_flops"] == pytest.approx(2.6109e24, rel=1e-3)  # Marin's C without the lm_head
     refit = runner.invoke(app, ["forecast", "experiments/marin_535b.py", "hero", "--root", root, "--refit", "--json", "--n-bootstrap", "40"])
     assert refit.exit_code == 0, refit.output

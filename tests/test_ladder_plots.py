@@ -64,7 +64,7 @@ def test_marin_tables_hold_the_four_rungs_the_hero_band_and_its_published_ten_pe
     assert len(marin.actual) == 13 and marin.actual["step"].min() == pytest.approx(3000, abs=1)
     assert marin.actual["step"].max() == pytest.approx(39000, abs=1)
     assert marin.actual["flops"].max() < 0.11 * band["flops"].max()  # the published first 10%
-    assert list(marin.history["method"]) == ["matched_progress", "refit"] and list(marin.history["version"]) == [1, 2]
+    assert list(marin.history["method"]) == ["blend", "refit"] and list(marin.history["version"]) == [1, 2]
     hist = marin.history
     assert ((hist["final_loss_lo"] < hist["final_loss"]) & (hist["final_loss"] < hist["final_loss_hi"])).all()
     res = marin.residuals
