@@ -1090,8 +1090,8 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         else:  # no finished run to hold out, but an unfinished one beyond them: its evals so far are the evidence
             backtests.append(res)
             sig["extrapolation"] = max(res.rate * max(d_target, res.distance_of_rate), NOISE_FLOOR) * small_sample_factor(independent_errors(res))
-            warn.append(f"no finished run to backtest {law} on ({e}); its extrapolation term is its error on the evals so "
-                        f"far of the unfinished run(s) beyond the finished ones ({', '.join(res.held_out)}): "
+            warn.append(f"the final-loss backtest of {law} scored nothing ({e}); its extrapolation term is its error on "
+                        f"the evals so far of the unfinished run(s) beyond the finished ones ({', '.join(res.held_out)}): "
                         f"{res.rms_rel_error:.1%} RMS over {res.n_points} evals")
     T = target.steps()
     offsets = schedule_offsets(table, model, target_flops=float(tp["flops"][0])) if T > 1 else None
