@@ -8,9 +8,12 @@ there (on the Multi-Power cross-size split Chinchilla's surface drew curves 61% 
 
 import numpy as np
 import pandas as pd
+import pytest
 
+from forecasting import final_laws as fl
 from forecasting import suite
 from forecasting.api import TargetSpec, forecast_target
+from forecasting.fitting import FitError
 
 E = 1.8
 
@@ -69,7 +72,6 @@ def test_a_surface_draws_a_larger_model_s_curve_from_the_rungs_shape_not_its_own
 def test_the_collapse_floor_is_where_the_rungs_curves_collapse():
     """Curves that collapse above E = 1.8 (and nowhere else): the floor found from the curves alone is 1.8, whatever
     the law's own E says."""
-    from forecasting import final_laws as fl
 
     table = _collapsed_curves([1e7, 2e7, 4e7, 8e7], [20.0], noise=0.0)
     step = 0.98 * table["loss"].min() / fl.COLLAPSE_GRID  # the grid's resolution
@@ -83,7 +85,6 @@ def test_a_law_whose_own_floor_draws_the_rungs_curves_worse_uses_the_collapse_fl
     and the curve backtest, which drew the larger runs' curves from the smaller ones', says so; the forecast's curve
     uses that floor and reports it. The 8.7B 4-epoch run's evals (the suite scores them) are 4.2% off on average for
     it, 5.3% above the law's E."""
-    from forecasting import final_laws as fl
 
     split = next(s for s in suite.splits_datablations() if s.name.startswith("oscar"))
     chosen = fl._curve_backtest_points("data_constrained", split.train, 5)
@@ -121,11 +122,6 @@ def test_a_shape_that_drifts_along_the_ladder_is_drawn_mostly_from_the_nearest_r
 
 def test_a_rung_that_stopped_beyond_the_finished_ones_is_the_backtest_of_every_law():
     """Marin's d2048 crashed at 80%: its evals so far are evidence for the final laws too, not only matched progress."""
-    import pytest
-
-    from forecasting import final_laws as fl
-    from forecasting.fitting import FitError
-
     table = _collapsed_curves([1e7, 2e7, 4e7, 8e7], [20.0])
     largest = table["params_active"].max()
     crashed = table[(table["params_active"] < largest) | (table["fraction"] <= 0.6)]
