@@ -609,12 +609,12 @@ def unfinished_ahead(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame | 
     if "fraction" not in table.columns or runs.empty:
         return None
     last = last_points(table)
-    started = table[table["fraction"] > 0].groupby("run").size()
+    evals = last["run"].map(table[table["fraction"] > 0].groupby("run").size()).fillna(0)
     ahead = last[(last["fraction"] < FINISHED) & (last["run_flops"] > float(runs["run_flops"].max()))
-                 & last["run"].map(lambda r: started.get(r, 0) >= MIN_UNFINISHED_EVALS)]
+                 & (evals >= MIN_UNFINISHED_EVALS)]
     if ahead.empty:
         return None
-    planned = ahead.assign(fraction=1.0, flops=ahead["run_flops"])
+    planned = ahead.assign(fraction=1.0)
     if "run_tokens" in planned.columns:
         planned = planned.assign(tokens=planned["run_tokens"])
     return planned.reset_index(drop=True)
@@ -711,9 +711,10 @@ def curve_floor(law: str, table: pd.DataFrame, model: FinalModel, dn: str | None
     return collapse_floor(table, float(model.params.get("E", 0.0))) if mode == "collapse" else None
 
 
-def _unfinished_curve_backtest(law: str, table: pd.DataFrame, dn: str | None, epochs: float | None) -> BacktestResult | None:
+def _unfinished_curve_backtest(law: str, table: pd.DataFrame, final: pd.DataFrame, dn: str | None,
+                               epochs: float | None) -> BacktestResult | None:
     """The curve backtest where a run not finished (`unfinished_ahead`) gives it a split; None where none does."""
-    if "fraction" not in table.columns or not (table.groupby("run")["fraction"].max() < FINISHED).any():
+    if unfinished_ahead(table, runs_of(final)) is None:
         return None
     try:
         return backtest_law_curves(law, table, dn=dn, epochs=epochs)
@@ -1033,6 +1034,12 @@ def curve_prediction(model: FinalModel, target: TargetSpec, steps: np.ndarray, o
 # ---------------------------------------------------------------- the forecast
 
 
+def _extrapolation_term(res: BacktestResult, d_target: float) -> float:
+    """The band's extrapolation sigma: the backtest's error per unit distance at the target's distance, never below
+    its own distances' nor the eval noise, widened by a t quantile for how few independent runs it held out."""
+    return max(res.rate * max(d_target, res.distance_of_rate), NOISE_FLOOR) * small_sample_factor(independent_errors(res))
+
+
 def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: int, seed: int):
     """A Forecast from a final-loss law: final loss with its band, and the whole curve when rungs have curves."""
     from forecasting import api  # curve steps and band helpers (api imports this module at its top)
@@ -1078,18 +1085,16 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
             warn.append(f"the ladder's held-out runs at about the target's {epochs:.3g} epochs of its unique data "
                         f"({', '.join(f'{e:.3g}' for e in res.repetition_epochs)}) were missed by {res.rms_rel_error:.1%} "
                         f"RMS: {law} does not hold at that repetition here, and the band is that wide")
-        # never narrower than the error the backtest measured at its own distances, widened for how few
-        # independent runs it held out (a t quantile in place of 1.96)
-        sig["extrapolation"] = max(res.rate * max(d_target, res.distance_of_rate), NOISE_FLOOR) * small_sample_factor(independent_errors(res))
+        sig["extrapolation"] = _extrapolation_term(res, d_target)
     except FitError as e:
-        res = _unfinished_curve_backtest(law, table, dn, epochs)
+        res = _unfinished_curve_backtest(law, table, final, dn, epochs)
         if res is None:
             sig["extrapolation_prior"] = PRIOR_RATE * d_target
             warn.append(f"no backtest possible on this ladder ({e}); the extrapolation term is the public suite's "
                         f"{PRIOR_RATE:.0%} per decade of distance ({d_target:.2f} here)")
         else:  # no finished run to hold out, but an unfinished one beyond them: its evals so far are the evidence
             backtests.append(res)
-            sig["extrapolation"] = max(res.rate * max(d_target, res.distance_of_rate), NOISE_FLOOR) * small_sample_factor(independent_errors(res))
+            sig["extrapolation"] = _extrapolation_term(res, d_target)
             warn.append(f"the final-loss backtest of {law} scored nothing ({e}); its extrapolation term is its error on "
                         f"the evals so far of the unfinished run(s) beyond the finished ones ({', '.join(res.held_out)}): "
                         f"{res.rms_rel_error:.1%} RMS over {res.n_points} evals")
