@@ -660,8 +660,9 @@ def _blend_close_candidates(table: pd.DataFrame, target: TargetSpec, chosen: For
     """`auto`'s forecast: the chosen law alone, or its blend with the laws the backtest could not tell from it
     (`forecasting.blend`); each blended candidate's weight is recorded in the selection."""
     weights = blend.members(selection, chosen.method)
+    band_weights = blend.members(selection, chosen.method, band=True)
     forecasts = {chosen.method: chosen}
-    for m in weights:
+    for m in {**weights, **band_weights}:
         if m in forecasts:
             continue
         try:
@@ -670,10 +671,13 @@ def _blend_close_candidates(table: pd.DataFrame, target: TargetSpec, chosen: For
             why = "had no backtest either" if any(c.get("no_evidence") for c in selection) else f"backtested within {blend.WITHIN:g}x of {chosen.method}"
             warn.append(f"{m} {why} but failed on the whole table ({error}): left out of the blend")
     weights = {m: w for m, w in weights.items() if m in forecasts}
+    band_weights = {m: w for m, w in band_weights.items() if m in forecasts}
     for c in selection:
         if c["method"] in weights and len(weights) > 1:
             c["blend_weight"] = weights[c["method"]] / sum(weights.values())
-    return blend.blend(forecasts, weights)
+        if c["method"] in band_weights and len(band_weights) > 1:
+            c["band_weight"] = band_weights[c["method"]] / sum(band_weights.values())
+    return blend.blend(forecasts, weights, band_weights)
 
 
 def _forecast_with(table: pd.DataFrame, target: TargetSpec, method: str, n_boot: int, seed: int) -> Forecast:

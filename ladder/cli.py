@@ -886,6 +886,8 @@ def _print_selection(candidates: list[dict]) -> None:
         sizes = f"{c['independent_errors']} (x{c['small_sample_factor']:.2f})" if c.get("independent_errors") is not None else "-"
         exp_err = f"{c['expected_error']:.2%}" if c.get("expected_error") is not None else "-"
         weight = f"{c['blend_weight']:.2f}" if c.get("blend_weight") else "-"
+        if c.get("band_weight") and f"{c['band_weight']:.2f}" != f"{c.get('blend_weight') or 0:.2f}":
+            weight += f" (band {c['band_weight']:.2f})"
         note = "chosen" if c.get("chosen") else (c.get("excluded") or c.get("reason") or "")
         if c.get("no_evidence"):
             note = f"{'the reference; ' if c.get('chosen') else ''}no backtest possible: averaged with equal weights"

@@ -161,3 +161,23 @@ def test_the_weights_reported_are_those_used_when_a_member_dropped_out():
     f = blend.blend({"overtrain": a, "farseer": b}, {"overtrain": 0.3, "farseer": 0.3, "chinchilla": 0.4})
     assert f.band_terms["weight.overtrain"] == pytest.approx(0.5) and "chinchilla" not in f.law
     assert f.final_loss == pytest.approx(math.sqrt(2.0 * 2.2))
+
+
+def test_a_law_the_points_weights_drop_still_widens_the_band_by_its_disagreement_at_inverse_variance():
+    """Twelve held-out sizes weigh a 1.6x lead as 1.6^12: the point is the better law's alone. Those errors were
+    measured at the backtest's distances, not the target's, so the band keeps the other law's disagreement at the
+    inverse-variance weight (public suite, Epoch's points two steps out: Chinchilla's law at 0.98 of the weight missed
+    the under-trained largest sizes by -4.6% to -5.8% with a +-2% band, over-training's by -0.5% to -2.1%)."""
+    sel = [_cand("chinchilla", 0.010, independent_errors=12), _cand("overtrain", 0.016, independent_errors=12)]
+    point, band = blend.members(sel, "chinchilla"), blend.members(sel, "chinchilla", band=True)
+    assert point == {"chinchilla": 1.0}  # 1.6^-12 is under MIN_WEIGHT
+    assert band["overtrain"] / band["chinchilla"] == pytest.approx(1 / 1.6**2)
+    chinchilla, overtrain = _forecast("chinchilla", [2.0], 0.01), _forecast("overtrain", [2.2], 0.01)
+    f = blend.blend({"chinchilla": chinchilla, "overtrain": overtrain}, point, band)
+    assert f.method == "chinchilla" and f.final_loss == pytest.approx(2.0)  # the point does not move
+    sigma = math.log(f.final_loss_hi / f.final_loss_lo) / (2 * Z95)
+    assert sigma == pytest.approx(math.hypot(0.01, math.sqrt(band["overtrain"]) * math.log(1.1)))
+    assert f.final_loss_hi > 2.2 and f.band_terms["band_weight.overtrain"] == pytest.approx(band["overtrain"])
+    assert "band over" in f.law and "overtrain law" in f.law
+    # with the same weights for both, nothing changes from before
+    assert blend.blend({"chinchilla": chinchilla, "overtrain": overtrain}, point) is chinchilla
