@@ -119,6 +119,9 @@ def test_auto_on_epochs_chinchilla_blends_the_close_laws_and_records_their_weigh
     best = min(scored.values())
     assert f.method == "blend" and len(weights) >= 2
     assert sum(weights.values()) == pytest.approx(1.0)
+    band = {c["method"]: c["band_weight"] for c in f.selection if c.get("band_weight")}
+    assert set(weights) <= set(band) and sum(band.values()) == pytest.approx(1.0)
+    assert f.band_terms[f"band_weight.{min(band, key=band.get)}"] == pytest.approx(min(band.values()))
     assert all(scored[m] <= blend.WITHIN * best for m in weights)
     assert [c["method"] for c in f.selection if c.get("chosen")][0] in weights
     members = {m: forecast_target(t, f.target, method=m, n_bootstrap=10) for m in weights}
