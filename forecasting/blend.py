@@ -21,21 +21,24 @@ How:
   independent noisy estimates of one truth, and where the backtest held out many sizes it kept about half of the
   weight on laws that had missed them by more (public suite, Porian's configurations, six to ten held-out sizes:
   2.48% -> 2.18% mean abs error, BENCHMARKS.md);
-- the band's weights are not the point's: the same close laws at inverse variance (k = 2), none dropped. The
-  sharp weights read the backtest's errors as the target's, but those were measured at the backtest's distances,
-  and a law that lost there by a little can still be right where the laws part: on the public suite's Epoch points
-  two steps out, twelve held-out sizes gave Chinchilla's law 0.98 of the weight over the over-training law (0.41%
-  against 0.56% expected), and at the under-trained largest sizes it missed by -4.6% to -5.8% where over-training
-  missed by -0.5% to -2.1%, outside a +-2% band on 7 of 10 targets. So the point stays the evidence's, and the band
-  admits every close law's disagreement with it (there: 8 of 10 covered, median half-width 1.42% -> 2.70%). A law
-  with band weight alone leaves the forecast its chosen law's (`Forecast.method`), its `law` saying "band over";
+- the band's disagreement is not weighed as the point is: the same close laws at inverse variance (k = 2), none
+  dropped. The sharp weights read the backtest's errors as the target's, but those were measured at the backtest's
+  distances, and a law that lost there by a little can still be right where the laws part: on the public suite's
+  Epoch points two steps out, twelve held-out sizes gave Chinchilla's law 0.98 of the weight over the over-training
+  law (0.41% against 0.56% expected), and at the under-trained largest sizes it missed by -4.6% to -5.8% where
+  over-training missed by -0.5% to -2.1%, outside a +-2% band on 7 of 10 targets. So the point and the members' own
+  bands keep the evidence's weights, and the band adds every close law's disagreement with the point at the
+  inverse-variance ones. (Not the whole mixture at those weights: that also lends the weaker laws' own, often far
+  wider, bands, and widened Porian's bands two steps out by 31% where they already held every target; BENCHMARKS.md.)
+  A law with band weight alone leaves the forecast its chosen law's (`Forecast.method`), its `law` saying "band over";
 - when nothing could be backtested (`no_evidence` in the selection: three rungs, say), the laws that could be
   fitted, with equal weights: with no evidence between them, the equal-weight average is the combination that
   is hard to beat (the "forecast combination puzzle", Claeskens et al. 2016), and it keeps their disagreement in
   the band instead of letting a fixed order of preference decide the forecast;
 - the blend at each step of any member's curve, in log space: mean = sum w_i log p_i, and a variance that is the
-  mixture's under the band's weights b_i, sum b_i (sigma_i^2 + (log p_i - mean)^2), with sigma_i each member's own
-  95% band read back as a log-normal sigma. So the blend's band never loses a member's uncertainty and widens when they disagree. At a
+  mixture's, sum w_i sigma_i^2 + sum b_i (log p_i - mean)^2, with sigma_i each member's own 95% band read back as
+  a log-normal sigma and b_i the band's weights (w_i where they are the same). So the blend's band never loses a
+  member's uncertainty and widens when they disagree. At a
   step outside a member's curve (before its first point, or anywhere but the end for a final-only forecast) that
   member has no say and the others' weights are renormalised: a final law draws its curve only from half the
   rungs' first eval on, matched progress from a thousandth of the run, and where the chosen law was a final law
@@ -57,7 +60,8 @@ MIN_EVIDENCE_POWER = 2
 
 def members(selection: list[dict], chosen: str, *, band: bool = False) -> dict[str, float]:
     """{method: weight} of the laws to blend ({chosen: 1.0} when nothing else is close enough). With `band`, the
-    band's weights: the same close laws at inverse variance (power MIN_EVIDENCE_POWER), none dropped."""
+    weights of their disagreement in the band: the same close laws at inverse variance (power MIN_EVIDENCE_POWER),
+    none dropped."""
     scored = [c for c in selection if c.get("expected_error") is not None and not c.get("excluded")]
     if not scored:
         alike = [c["method"] for c in selection if c.get("no_evidence")]
@@ -95,8 +99,9 @@ def _log_band(f: Forecast, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
 def blend(forecasts: dict[str, Forecast], weights: dict[str, float], band_weights: dict[str, float] | None = None) -> Forecast:
     """One forecast from several of the same target (the first is the reference for steps, target and fields): its
-    point from `weights`, its band the mixture over `band_weights` (`members(..., band=True)`; default `weights`)
-    around that point. A member with band weight alone widens the band by its disagreement and moves no point."""
+    point and the members' own bands from `weights`, the members' disagreement with that point at `band_weights`
+    (`members(..., band=True)`; default `weights`). A member with band weight alone widens the band by its
+    disagreement and moves no point."""
     band_weights = band_weights or weights
     names = [m for m in forecasts if weights.get(m, 0.0) > 0 or band_weights.get(m, 0.0) > 0]
     if len(names) == 1:
@@ -114,7 +119,7 @@ def blend(forecasts: dict[str, Forecast], weights: dict[str, float], band_weight
     wbs = _per_step(wb, speak, speak)
     ws = _per_step(w, speak, wbs)
     mean = np.sum(ws * lp, axis=0)
-    sigma = np.sqrt(np.sum(wbs * (ls**2 + (lp - mean) ** 2), axis=0))
+    sigma = np.sqrt(np.sum(ws * ls**2 + wbs * (lp - mean) ** 2, axis=0))
     pred, lo, hi = np.exp(mean), np.exp(mean - Z95 * sigma), np.exp(mean + Z95 * sigma)
     curve = [CurvePoint(step=int(s), tokens=points[int(s)].tokens, flops=points[int(s)].flops, loss=float(a), lo=float(b),
                         hi=float(c)) for s, a, b, c in zip(steps, pred, lo, hi, strict=True)] if points else []
@@ -130,7 +135,7 @@ def blend(forecasts: dict[str, Forecast], weights: dict[str, float], band_weight
         target=ref.target, method="blend" if len(point) > 1 else point[0][0], inputs_fingerprint=ref.inputs_fingerprint,
         curve=curve, final_loss=float(pred[-1]), final_loss_lo=float(lo[-1]), final_loss_hi=float(hi[-1]), level=ref.level,
         law=law, params={f"{m}.{k}": v for m in names for k, v in forecasts[m].params.items()}, backtest=backtests,
-        band_terms={"members_total": float(np.sqrt(wbs[:, -1] @ ls[:, -1] ** 2)), "disagreement": spread, "total": float(sigma[-1])}
+        band_terms={"members_total": float(np.sqrt(ws[:, -1] @ ls[:, -1] ** 2)), "disagreement": spread, "total": float(sigma[-1])}
         | {f"weight.{m}": float(x) for m, x in zip(names, w, strict=True)}
         | {f"band_weight.{m}": float(x) for m, x in zip(names, wb, strict=True)},
         warnings=list(dict.fromkeys(warn)),

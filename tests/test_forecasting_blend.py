@@ -175,11 +175,13 @@ def test_a_law_the_points_weights_drop_still_widens_the_band_by_its_disagreement
     point, band = blend.members(sel, "chinchilla"), blend.members(sel, "chinchilla", band=True)
     assert point == {"chinchilla": 1.0}  # 1.6^-12 is under MIN_WEIGHT
     assert band["overtrain"] / band["chinchilla"] == pytest.approx(1 / 1.6**2)
-    chinchilla, overtrain = _forecast("chinchilla", [2.0], 0.01), _forecast("overtrain", [2.2], 0.01)
+    chinchilla, overtrain = _forecast("chinchilla", [2.0], 0.01), _forecast("overtrain", [2.2], 0.05)
     f = blend.blend({"chinchilla": chinchilla, "overtrain": overtrain}, point, band)
     assert f.method == "chinchilla" and f.final_loss == pytest.approx(2.0)  # the point does not move
+    # the point's own band (its weight 1) and the other law's disagreement at its band weight; not its own wide band
     sigma = math.log(f.final_loss_hi / f.final_loss_lo) / (2 * Z95)
     assert sigma == pytest.approx(math.hypot(0.01, math.sqrt(band["overtrain"]) * math.log(1.1)))
+    assert f.band_terms["members_total"] == pytest.approx(0.01)
     assert f.final_loss_hi > 2.2 and f.band_terms["band_weight.overtrain"] == pytest.approx(band["overtrain"])
     assert "band over" in f.law and "overtrain law" in f.law
     # with the same weights for both, nothing changes from before
