@@ -6,7 +6,8 @@ its reason; the suite never stops for it.
 
 Run:  .venv/bin/python bench/bench_forecast_suite.py [--quick] [--methods a,b] [--datasets x,y]
           [--n-bootstrap 20] [--timeout 120] [--budget 600] [--json PATH] [--markdown PATH] [--points CSV]
-Without --quick the report is written to bench/RESULTS_forecast_suite.md unless --markdown says otherwise.
+The whole suite (no --quick, --methods or --datasets) writes its report to bench/RESULTS_forecast_suite.md unless
+--markdown says otherwise; a partial run only prints it, so it cannot overwrite the committed table with a subset.
 Same as `ladder backtest --suite`.
 """
 
@@ -35,9 +36,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seconds one method may spend on one data set, the rest skipped (default 600; 10 with --quick)")
     ap.add_argument("--points", default=None, help="write every scored point (CSV) here")
     ap.add_argument("--json", default=None, help="write the full result (per split and per configuration) here")
-    ap.add_argument("--markdown", default=None, help="write the report here (default without --quick: bench/RESULTS_forecast_suite.md)")
+    ap.add_argument("--markdown", default=None, help="write the report here (default for the whole suite: bench/RESULTS_forecast_suite.md)")
     ap.add_argument("--quiet", action="store_true", help="no per-target progress lines on stderr")
     return ap.parse_args(argv)
+
+
+def whole_suite(args: argparse.Namespace) -> bool:
+    """Whether this run is the whole suite, the only run whose report may replace bench/RESULTS_forecast_suite.md."""
+    return not (args.quick or args.methods or args.datasets)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/bench_forecast_suite.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     text = suite.render_markdown(res, command.strip())
     print(text)
-    md = args.markdown or (None if args.quick else str(RESULTS))
+    md = args.markdown or (str(RESULTS) if whole_suite(args) else None)
     if md:
         Path(md).write_text("# Public backtest suite\n\n" + text)
     if args.points:

@@ -363,3 +363,25 @@ def test_forecast_largest_can_skip_the_runs_just_below_the_held_out_ones(tmp_pat
     for option in ("--skip", "--forecast-largest"):  # a negative count is refused by name, before anything is fitted
         negative = runner.invoke(cli.app, ["backtest", str(path), "--forecast-largest", "1", option, "-1"])
         assert negative.exit_code == 2 and option in negative.output
+
+
+def test_a_partial_bench_run_prints_its_table_and_leaves_the_committed_results_alone(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_forecast_suite.py"
+    spec = importlib.util.spec_from_file_location("bench_forecast_suite", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = tmp_path / "RESULTS_forecast_suite.md"
+    results.write_text("the committed table\n")
+    monkeypatch.setattr(bench, "RESULTS", results)
+    one_split = suite.all_splits(["hh_opt"], quick=True)  # every run below scores OPT's quick split only: seconds
+    monkeypatch.setattr(bench.suite, "all_splits", lambda names, quick=False: one_split)
+    fast = ["--n-bootstrap", "5", "--quiet"]
+    for argv in (["--methods", "compute"], ["--datasets", "hh_opt"], ["--quick"]):
+        assert bench.main(argv + fast) == 0
+        assert "| hh_opt |" in capsys.readouterr().out
+        assert results.read_text() == "the committed table\n", argv
+    assert bench.whole_suite(bench.parse_args(fast)) and bench.main(fast) == 0
+    assert results.read_text().startswith("# Public backtest suite")
