@@ -134,12 +134,18 @@ def blend(forecasts: dict[str, Forecast], weights: dict[str, float], band_weight
     return Forecast(
         target=ref.target, method="blend" if len(point) > 1 else point[0][0], inputs_fingerprint=ref.inputs_fingerprint,
         curve=curve, final_loss=float(pred[-1]), final_loss_lo=float(lo[-1]), final_loss_hi=float(hi[-1]), level=ref.level,
-        law=law, params={f"{m}.{k}": v for m in names for k, v in forecasts[m].params.items()}, backtest=backtests,
+        law=law, params=_params(forecasts, names, [m for m, _ in point]), backtest=backtests,
         band_terms={"members_total": float(np.sqrt(ws[:, -1] @ ls[:, -1] ** 2)), "disagreement": spread, "total": float(sigma[-1])}
         | {f"weight.{m}": float(x) for m, x in zip(names, w, strict=True)}
         | {f"band_weight.{m}": float(x) for m, x in zip(names, wb, strict=True)},
         warnings=list(dict.fromkeys(warn)),
     )
+
+
+def _params(forecasts: dict[str, Forecast], names: list[str], point: list[str]) -> dict:
+    """The members' parameters, each prefixed with its law's name; a forecast whose point is one law's keeps that
+    law's unprefixed (its method is that law), and only the laws in its band alone are prefixed."""
+    return {(k if len(point) == 1 and m == point[0] else f"{m}.{k}"): v for m in names for k, v in forecasts[m].params.items()}
 
 
 def _per_step(w: np.ndarray, speak: np.ndarray, fallback: np.ndarray) -> np.ndarray:

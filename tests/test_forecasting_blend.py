@@ -7,6 +7,7 @@ import pytest
 
 from forecasting import blend
 from forecasting.api import TargetSpec, forecast_target
+from forecasting.bootstrap import Interval
 from forecasting.forecast import CurvePoint, Forecast
 from forecasting.public_data import chinchilla_points, data_dir
 from tests.forecasting_helpers import ladder_curves
@@ -176,7 +177,9 @@ def test_a_law_the_points_weights_drop_still_widens_the_band_by_its_disagreement
     assert point == {"chinchilla": 1.0}  # 1.6^-12 is under MIN_WEIGHT
     assert band["overtrain"] / band["chinchilla"] == pytest.approx(1 / 1.6**2)
     chinchilla, overtrain = _forecast("chinchilla", [2.0], 0.01), _forecast("overtrain", [2.2], 0.05)
+    chinchilla.params, overtrain.params = ({"E": Interval(value=v, lo=v, hi=v)} for v in (1.7, 1.8))
     f = blend.blend({"chinchilla": chinchilla, "overtrain": overtrain}, point, band)
+    assert f.params == {"E": chinchilla.params["E"], "overtrain.E": overtrain.params["E"]}  # its method's own, unprefixed
     assert f.method == "chinchilla" and f.final_loss == pytest.approx(2.0)  # the point does not move
     # the point's own band (its weight 1) and the other law's disagreement at its band weight; not its own wide band
     sigma = math.log(f.final_loss_hi / f.final_loss_lo) / (2 * Z95)
