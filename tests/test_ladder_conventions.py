@@ -156,10 +156,23 @@ def test_running_an_experiment_file_plans_it_and_says_how_to_run_it(tmp_path):
     assert wrong.returncode == 2 and "not a ladder command" in wrong.stderr
 
 
-@pytest.mark.parametrize("name", ["local_ladder", "local_ladder_quick", "marin_535b", "readme_example"])
+@pytest.mark.parametrize("name", ["local_ladder", "local_ladder_quick", "local_ladder_seeds", "marin_535b", "readme_example"])
 def test_every_shipped_experiment_has_a_main_block(name):
     text = open(os.path.join(REPO, "experiments", f"{name}.py")).read()
     assert 'if __name__ == "__main__":' in text and "run_as_script(__file__)" in text
+
+
+def test_seed_replicates_differ_from_the_local_ladders_steps_in_their_seed_alone():
+    from ladder.loader import load_experiment
+
+    ladder, seeds = (load_experiment(os.path.join(REPO, "experiments", f"{n}.py")).dag for n in ("local_ladder", "local_ladder_seeds"))
+    assert sorted(seeds.order) == ["hero_s1", "hero_s2", "r64_s1", "r64_s2"]
+    for name in seeds.order:
+        base, seed = name.rsplit("_s", 1)
+        replica, original = seeds[name].spec, ladder[base].spec
+        assert replica.train.seed == int(seed) != original.train.seed
+        assert replica.model_copy(update={"train": replica.train.model_copy(update={"seed": original.train.seed})}) == original
+        assert seeds.fingerprints[name] != ladder.fingerprints[base] and not seeds[name].deps
 
 
 # ------------------------------------------------------------------------------------ ladder submit: live progress
