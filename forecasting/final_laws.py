@@ -69,6 +69,9 @@ from forecasting.surfaces import MIN_RATIO_SPREAD, SURFACES, fit_surface
 
 FINAL_LAWS = ("compute", "overtrain", "chinchilla", "farseer", "moe", "data_constrained")  # simplest first
 N_PARAMS = {"compute": 3, "overtrain": 4, "chinchilla": 5, "farseer": 6, "moe": 6, "data_constrained": 6}
+# A final eval's seed-to-seed spread, the least a run's residual is taken to be: OLMo's ladder 0.09-1.8% (seed CV of
+# task loss); the local ladder's r64 and hero 1.1% and 1.2% (experiments/local_ladder_seeds.py), a quarter of which
+# shows as jitter of a run's own evals, so no run measures it alone.
 NOISE_FLOOR = 0.004
 WARN_ERROR = 0.03  # a backtest that missed by more than this (RMS) is named in a warning: the band is wide for it
 PRIOR_RATE = 0.04
@@ -1074,7 +1077,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         warn.append(f"only {len(preds)} of {n_boot} refits ({kind}) succeeded: the fit term of the band is missing")
     if kind.startswith("parametric"):
         warn.append(f"{final['run'].nunique()} finished runs for {N_PARAMS[law]} parameters: the fit's spread comes from a "
-                    f"parametric bootstrap (residual scatter, at least {NOISE_FLOOR:.1%} per eval)")
+                    f"parametric bootstrap (residual scatter, at least {NOISE_FLOOR:.1%}, one draw per run)")
     d_target = float(distance(tp, points_of(runs_of(final)))[0])
     epochs = target_epochs(target)
     backtests = []
