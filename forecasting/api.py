@@ -592,7 +592,7 @@ def sparsity_outside_ladder(table: pd.DataFrame, target: TargetSpec, used: Seque
     params_total) lies more than SPARSITY_SLACK outside the runs', else None. `used`: the methods the forecast is
     made of (a blend's members).
 
-    Why: `final_laws.distance` counts those decades in the band, but only the moe law reads total parameters, and
+    Why: the band counts those decades (`final_laws.at_distance`), but only the moe law reads total parameters, and
     no backtest within the ladder's sparsities measured what another sparsity does; the other laws forecast the
     target as if it had the ladder's. On the public suite's Step Law MoE split two steps out (rungs at 9.3-11.4
     total/active, targets at 1.7: eight experts of which three are active, where the rungs route to one or two of
@@ -618,12 +618,14 @@ def sparsity_outside_ladder(table: pd.DataFrame, target: TargetSpec, used: Seque
             f"{where}: ")
     if "moe" in used:
         return head + ("the moe law extrapolates its total-parameter term (kappa) there, which no run of the ladder "
-                       "tested; the band counts those decades at the rate its backtest measured along the ladder")
+                       f"tested; the band counts those decades at {fl.PRIOR_RATE:.0%} each (the public suite's rate for "
+                       "what a ladder cannot test), or at the backtest's rate where that is higher")
     verbs = ("does", "forecasts") if len(used) == 1 else ("do", "forecast")
     return head + (f"{', '.join(used)} {verbs[0]} not read total parameters and {verbs[1]} the target as if it had the "
                    "ladder's sparsity (only the moe law reads them, fitted on runs whose total parameters vary apart from "
-                   "their active ones); the band counts those decades at the rate the backtest measured in compute, which "
-                   "no run here measured along sparsity")
+                   f"their active ones); the band counts those decades at {fl.PRIOR_RATE:.0%} each (the public suite's "
+                   "rate for what a ladder cannot test: no run here measured extrapolation along sparsity), or at the "
+                   "backtest's rate where that is higher")
 
 
 LR_MISMATCH = 2.0  # a target whose peak LR is 2x off the rungs' trend is on another recipe
@@ -720,6 +722,7 @@ def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: 
     comp = bt.run_compute(table)
     backtests: list[BacktestResult] = []
     decades = max(0.0, math.log10(c_target / float(comp.max())))
+    d_sparsity = float(fl.sparsity_distance(fl.target_point(target), fl.points_of(bt.last_points(table)))[0])
     try:
         res = bt.backtest_matched_progress(table)
         backtests.append(res)
@@ -727,11 +730,12 @@ def _forecast_matched_progress(table: pd.DataFrame, target: TargetSpec, n_boot: 
             rate_g = bt.matched_progress_rate_by_fraction(table, g)
         except FitError:
             rate_g = np.full_like(pred, res.rate)
-        sig["compute_extrapolation"] = rate_g * decades * fl.small_sample_factor(fl.independent_errors(res))
+        sig["compute_extrapolation"] = fl.at_distance(rate_g, decades + d_sparsity, d_sparsity, 0.0,
+                                                      fl.small_sample_factor(fl.independent_errors(res)))
     except FitError as e:
-        sig["compute_extrapolation_prior"] = np.full_like(pred, fl.PRIOR_RATE * max(decades, fl.MIN_DISTANCE))
+        sig["compute_extrapolation_prior"] = np.full_like(pred, fl.PRIOR_RATE * max(decades + d_sparsity, fl.MIN_DISTANCE))
         warn.append(f"no compute backtest possible ({e}); the extrapolation term is the public suite's "
-                    f"{fl.PRIOR_RATE:.0%} per decade ({decades:.2f} decades here)")
+                    f"{fl.PRIOR_RATE:.0%} per decade ({decades + d_sparsity:.2f} decades here)")
     rate_g = early_extension_error(table, fit)
     below = np.maximum(0.0, np.log(fit.fractions[0] / g))
     if np.any(below > 0):

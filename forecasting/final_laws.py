@@ -177,8 +177,36 @@ def distance(pts: dict, fit_pts: dict) -> np.ndarray:
         d = np.maximum(d, np.log10(pts["params_active"] / float(np.max(fit_pts["params_active"]))))
     for x, fitted in ((_log_m(pts), _log_m(fit_pts)), (_log_sparsity(pts), _log_sparsity(fit_pts))):
         if x is not None and fitted is not None:
-            d = d + np.maximum(x - fitted.max(), 0.0) + np.maximum(fitted.min() - x, 0.0)
+            d = d + _outside(x, fitted)
     return np.maximum(d, MIN_DISTANCE)
+
+
+def _outside(x: np.ndarray, fitted: np.ndarray) -> np.ndarray:
+    return np.maximum(x - fitted.max(), 0.0) + np.maximum(fitted.min() - x, 0.0)
+
+
+def sparsity_distance(pts: dict, fit_pts: dict) -> np.ndarray:
+    """The part of `distance` in sparsity: decades of total / active parameters outside the fitted runs' range (0 on
+    a dense table, or where the table does not give total parameters)."""
+    x, fitted = _log_sparsity(pts), _log_sparsity(fit_pts)
+    if x is None or fitted is None:
+        return np.zeros(len(pts["flops"]))
+    return _outside(x, fitted)
+
+
+def at_distance(rate: np.ndarray | float, d_target: float, d_sparsity: float, d_rate: float, factor: float) -> np.ndarray | float:
+    """A backtest's rate per unit distance carried to the target: over the distance it measured (never below its own
+    points' `d_rate`) at that rate, widened by `factor` (`small_sample_factor`); over the decades of sparsity outside
+    the runs (`sparsity_distance`) at no less than PRIOR_RATE.
+
+    Why the prior for sparsity: no backtest split extrapolates along it (the ladder's own sparsities bound every
+    split), so the rate measured in compute says nothing about it, and a ladder whose compute splits backtest well
+    would count a denser or sparser target as nearly free. PRIOR_RATE is the public suite's error per unit distance
+    for final laws, the rate a forecast uses for what its ladder cannot test. On the suite's Step Law MoE splits
+    (rungs at 3.6-11.4 total / active, targets at 1.7: 0.32 and 0.73 decades denser) auto missed by 0.7-1.5% and
+    7.8-8.4%, against bands of +-1.5% and +-4.7% that counted those decades at the compute rate.
+    """
+    return rate * factor * max(d_target - d_sparsity, d_rate) + np.maximum(rate * factor, PRIOR_RATE) * d_sparsity
 
 
 def tokens_per_param_spread(final: pd.DataFrame) -> float:
@@ -1037,10 +1065,12 @@ def curve_prediction(model: FinalModel, target: TargetSpec, steps: np.ndarray, o
 # ---------------------------------------------------------------- the forecast
 
 
-def _extrapolation_term(res: BacktestResult, d_target: float) -> float:
+def _extrapolation_term(res: BacktestResult, d_target: float, d_sparsity: float = 0.0) -> float:
     """The band's extrapolation sigma: the backtest's error per unit distance at the target's distance, never below
-    its own distances' nor the eval noise, widened by a t quantile for how few independent runs it held out."""
-    return max(res.rate * max(d_target, res.distance_of_rate), NOISE_FLOOR) * small_sample_factor(independent_errors(res))
+    its own distances' nor the eval noise, widened by a t quantile for how few independent runs it held out; the
+    decades of sparsity outside the runs at no less than PRIOR_RATE (`at_distance`)."""
+    factor = small_sample_factor(independent_errors(res))
+    return max(float(at_distance(res.rate, d_target, d_sparsity, res.distance_of_rate, factor)), NOISE_FLOOR * factor)
 
 
 def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: int, seed: int):
@@ -1079,6 +1109,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         warn.append(f"{final['run'].nunique()} finished runs for {N_PARAMS[law]} parameters: the fit's spread comes from a "
                     f"parametric bootstrap (residual scatter, at least {NOISE_FLOOR:.1%}, one draw per run)")
     d_target = float(distance(tp, points_of(runs_of(final)))[0])
+    d_sparsity = float(sparsity_distance(tp, points_of(runs_of(final)))[0])
     epochs = target_epochs(target)
     backtests = []
     try:
@@ -1088,7 +1119,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
             warn.append(f"the ladder's held-out runs at about the target's {epochs:.3g} epochs of its unique data "
                         f"({', '.join(f'{e:.3g}' for e in res.repetition_epochs)}) were missed by {res.rms_rel_error:.1%} "
                         f"RMS: {law} does not hold at that repetition here, and the band is that wide")
-        sig["extrapolation"] = _extrapolation_term(res, d_target)
+        sig["extrapolation"] = _extrapolation_term(res, d_target, d_sparsity)
     except FitError as e:
         res = _unfinished_curve_backtest(law, table, final, dn, epochs)
         if res is None:
@@ -1097,7 +1128,7 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
                         f"{PRIOR_RATE:.0%} per decade of distance ({d_target:.2f} here)")
         else:  # no finished run to hold out, but an unfinished one beyond them: its evals so far are the evidence
             backtests.append(res)
-            sig["extrapolation"] = _extrapolation_term(res, d_target)
+            sig["extrapolation"] = _extrapolation_term(res, d_target, d_sparsity)
             warn.append(f"the final-loss backtest of {law} scored nothing ({e}); its extrapolation term is its error on "
                         f"the evals so far of the unfinished run(s) beyond the finished ones ({', '.join(res.held_out)}): "
                         f"{res.rms_rel_error:.1%} RMS over {res.n_points} evals")
@@ -1120,8 +1151,9 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         # the final point keeps the final-loss backtest's term (measured on exactly those points)
         try:
             res_curves = backtest_law_curves(law, table, dn=dn, epochs=epochs)
-            by_fraction = curve_rate_by_fraction(law, table, steps / T, dn=dn, epochs=epochs) * max(d_target, res_curves.distance_of_rate)
-            along = np.maximum(rel["extrapolation"], by_fraction * small_sample_factor(independent_errors(res_curves)))
+            rate_g = curve_rate_by_fraction(law, table, steps / T, dn=dn, epochs=epochs)
+            along = np.maximum(rel["extrapolation"], at_distance(rate_g, d_target, d_sparsity, res_curves.distance_of_rate,
+                                                                 small_sample_factor(independent_errors(res_curves))))
             rel["extrapolation"] = np.where(steps < T, along, rel["extrapolation"])
         except FitError as e:
             warn.append(f"no curve backtest of {law} on this ladder ({e}): the curve band uses the final-loss backtest alone")
@@ -1139,7 +1171,8 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
         target=target, method=law, inputs_fingerprint=fingerprint_table(table),
         curve=api._curve(steps, pred, lo, hi, target), final_loss=float(pred[-1]), final_loss_lo=float(lo[-1]),
         final_loss_hi=float(hi[-1]), law=model.formula, params=params, backtest=backtests,
-        band_terms=sig | {"distance": d_target, "total": float(total[-1])} | ({} if floor is None else {"curve_floor": floor}),
+        band_terms=sig | {"distance": d_target, "total": float(total[-1])} | ({} if floor is None else {"curve_floor": floor})
+        | ({"sparsity_distance": d_sparsity} if d_sparsity > 0 else {}),
         warnings=warn,
     )
 
