@@ -1108,8 +1108,8 @@ def forecast_final(table: pd.DataFrame, target: TargetSpec, law: str, n_boot: in
     if kind.startswith("parametric"):
         warn.append(f"{final['run'].nunique()} finished runs for {N_PARAMS[law]} parameters: the fit's spread comes from a "
                     f"parametric bootstrap (residual scatter, at least {NOISE_FLOOR:.1%}, one draw per run)")
-    d_target = float(distance(tp, points_of(runs_of(final)))[0])
-    d_sparsity = float(sparsity_distance(tp, points_of(runs_of(final)))[0])
+    fit_pts = points_of(runs_of(final))
+    d_target, d_sparsity = float(distance(tp, fit_pts)[0]), float(sparsity_distance(tp, fit_pts)[0])
     epochs = target_epochs(target)
     backtests = []
     try:
